@@ -1,0 +1,143 @@
+"""One error tree for the whole project, rooted at :class:`ServerlessWorkerError`.
+
+Protocol clients translate HTTP statuses and transport failures into these in one
+place (``protocols/_http.py``), always ``raise ... from err``. Messages name the
+endpoint, status and identifiers a caller needs, never a credential.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ServerlessWorkerError",
+    "ConfigurationError",
+    "PayloadTooLargeError",
+    "ProtocolError",
+    "BadRequestError",
+    "AuthenticationError",
+    "InvalidApiKeyError",
+    "SessionExpiredError",
+    "ForbiddenError",
+    "RateLimitedError",
+    "ServerUnavailableError",
+    "NotFoundError",
+    "NotFoundAfterRetryError",
+    "LeaseRefusedError",
+    "ResultNotAcceptedError",
+    "ProtocolViolationError",
+    "BusinessError",
+]
+
+
+class ServerlessWorkerError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class ConfigurationError(ServerlessWorkerError):
+    """A setting is missing or invalid; the message names each bad setting."""
+
+
+class PayloadTooLargeError(ServerlessWorkerError, ValueError):
+    """A request or result exceeds the protocol's documented size cap; nothing was sent."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what, self.size, self.limit = what, size, limit
+        super().__init__(f"{what} is {size} bytes, over the protocol's cap of {limit} bytes")
+
+
+class ProtocolError(ServerlessWorkerError):
+    """The job server answered (or failed to answer) in a way the caller must handle."""
+
+    def __init__(self, message: str, *, endpoint: str = "", status: int | None = None) -> None:
+        self.endpoint = endpoint
+        self.status = status
+        prefix = f"{endpoint}: " if endpoint else ""
+        suffix = f" (HTTP {status})" if status is not None else ""
+        super().__init__(f"{prefix}{message}{suffix}")
+
+
+class BadRequestError(ProtocolError):
+    """400: the server rejected the request body or parameters; fix the caller, do not retry."""
+
+
+class AuthenticationError(ProtocolError):
+    """401: a credential was rejected. See the two subclasses."""
+
+
+class InvalidApiKeyError(AuthenticationError):
+    """The application API key (or bearer token) is wrong or revoked: fix configuration."""
+
+
+class SessionExpiredError(AuthenticationError):
+    """The worker session token expired or was replaced by a newer bootstrap: re-bootstrap."""
+
+
+class ForbiddenError(ProtocolError):
+    """403: the credential is valid but not for this queue or application."""
+
+
+class RateLimitedError(ProtocolError):
+    """429: back off (``retry_after`` seconds when the server said so)."""
+
+    def __init__(self, message: str, *, endpoint: str = "", status: int | None = 429,
+                 retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, endpoint=endpoint, status=status)
+
+
+class ServerUnavailableError(ProtocolError):
+    """5xx, connection failure or read failure.
+
+    ``ambiguous`` is true when the request may have reached the server and taken
+    effect (read timeout, dropped connection after sending, 502/504): the caller must
+    not assume it did nothing.
+    """
+
+    def __init__(self, message: str, *, endpoint: str = "", status: int | None = None,
+                 ambiguous: bool = True) -> None:
+        self.ambiguous = ambiguous
+        super().__init__(message, endpoint=endpoint, status=status)
+
+
+class NotFoundError(ProtocolError):
+    """404: the server does not know the job, token or action."""
+
+
+class NotFoundAfterRetryError(NotFoundError):
+    """404 on a retried complete/fail/ack: the first attempt most likely went through."""
+
+
+class LeaseRefusedError(ProtocolError):
+    """The server refused a lease with one of its documented reasons.
+
+    ``action`` says what the runtime must do: ``discard`` (acknowledge and drop the
+    delivery), ``leave`` (do nothing; server-side recovery redispatches) or ``stop``
+    (configuration is wrong: stop consuming).
+    """
+
+    def __init__(self, reason: str, *, action: str, endpoint: str = "", job_id: str = "") -> None:
+        self.reason, self.action, self.job_id = reason, action, job_id
+        super().__init__(f"lease refused for job {job_id}: {reason}", endpoint=endpoint, status=200)
+
+
+class ResultNotAcceptedError(ProtocolError):
+    """The server took the result but did not use it (claim queue ``accepted:false``)."""
+
+    def __init__(self, item_status: str, *, endpoint: str = "", job_id: str = "") -> None:
+        self.item_status, self.job_id = item_status, job_id
+        super().__init__(f"result for {job_id} not accepted; item is {item_status}",
+                         endpoint=endpoint, status=200)
+
+
+class ProtocolViolationError(ProtocolError):
+    """The server answered with a status or body the protocol documents do not allow."""
+
+
+class BusinessError(ServerlessWorkerError):
+    """Raised by a handler for a business rejection: an outcome, not a technical failure.
+
+    >>> raise BusinessError("CARD_DECLINED", "insufficient funds", {"declineReason": "funds"})
+    """
+
+    def __init__(self, code: str, message: str = "", variables: dict | None = None) -> None:
+        self.code, self.message, self.variables = code, message, dict(variables or {})
+        super().__init__(f"{code}: {message}" if message else code)

@@ -1,0 +1,75 @@
+"""The protocol-neutral outcome of one handler run, and the Pipelogiq result extras.
+
+The runtime stores an :class:`Outcome` in the ledger before reporting it, so a retried
+report sends exactly what was computed the first time. Each protocol module maps it to
+its wire form as DESIGN.md's table says.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["OutcomeKind", "Outcome", "ResultLog", "ContextUpdate", "AppendedStage", "ResultExtras"]
+
+
+class OutcomeKind(StrEnum):
+    SUCCESS = "success"              # handler returned a value
+    BUSINESS_ERROR = "business_error"  # handler raised BusinessError
+    BAD_INPUT = "bad_input"          # payload failed the handler's input model / could not be decoded
+    FAILURE = "failure"              # any other exception
+    TIMEOUT = "timeout"              # ran past its time budget
+    NOT_STARTED = "not_started"      # never started: shutdown, throttled fan-out, reaped
+
+
+class ResultLog(BaseModel):
+    """A Pipelogiq stage-result log line (``created`` is RFC 3339)."""
+
+    message: str
+    logLevel: str = "INFO"
+    created: str
+
+
+class ContextUpdate(BaseModel):
+    """A Pipelogiq context item update, or a tombstone when ``isDeleted``."""
+
+    key: str
+    value: str | None = None
+    valueType: str | None = None
+    isSensitive: bool | None = None
+    isDeleted: bool | None = None
+
+
+class AppendedStage(BaseModel):
+    """A Pipelogiq stage appended dynamically; ``input`` is a string as the server wants."""
+
+    model_config = ConfigDict(extra="allow")
+    stageName: str
+    stageHandlerName: str
+    input: str = ""
+    options: dict[str, Any] | None = None
+
+
+class ResultExtras(BaseModel):
+    """Pipelogiq-only additions to a result; other protocols ignore them."""
+
+    logs: list[ResultLog] = Field(default_factory=list)
+    context: list[ContextUpdate] = Field(default_factory=list)
+    appended_stages: list[AppendedStage] = Field(default_factory=list)
+    wait_for_approval: bool = False
+
+
+class Outcome(BaseModel):
+    """What a handler run came to, in the form stored in the ledger."""
+
+    kind: OutcomeKind
+    value: Any = None                 # the return value (SUCCESS) or business variables
+    error_code: str | None = None
+    message: str | None = None
+    extras: ResultExtras | None = None
+
+    @property
+    def is_success(self) -> bool:
+        return self.kind is OutcomeKind.SUCCESS

@@ -1,0 +1,235 @@
+"""HTTP plumbing shared by the protocol clients: one pooled session, timeouts on every
+call, transport failures translated to domain errors in one place, and retries.
+
+Retries use `stamina` (a small, well-kept layer over tenacity: exponential backoff with
+jitter, an explicit predicate, and ``stamina.set_testing`` to turn backoff off in
+tests). Only reporting calls go through :func:`retry_call`; pulls never do, because a
+pull whose answer was lost has already handed a delivery to nobody, and a blind second
+pull would take more work than we can account for.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import requests
+import stamina
+from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+
+from ..errors import (
+    ConfigurationError,
+    ProtocolViolationError,
+    RateLimitedError,
+    ServerUnavailableError,
+)
+
+__all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "retry_call", "is_loopback_url"]
+
+log = logging.getLogger("serverless_worker.http")
+T = TypeVar("T")
+
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+def is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    """A fully read response (bounded in size), detached from the connection."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    endpoint: str
+
+    def json(self) -> Any:
+        """Decode the body as JSON or raise ProtocolViolationError (never a bare ValueError)."""
+        try:
+            return json.loads(self.body)
+        except ValueError as err:
+            raise ProtocolViolationError("response body is not JSON", endpoint=self.endpoint,
+                                         status=self.status) from err
+
+    def json_or_none(self) -> Any:
+        return self.json() if self.body.strip() else None
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.headers.get("Retry-After")
+        try:
+            return max(0.0, float(value)) if value is not None else None
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for reporting calls: exponential with jitter, bounded in attempts and time."""
+
+    attempts: int = 6
+    timeout: float = 30.0
+    wait_initial: float = 0.2
+    wait_max: float = 5.0
+    wait_jitter: float = 0.5
+
+
+def _retry_hook(exc: Exception) -> bool | float:
+    """Retry 5xx, 429 and unknown network outcomes; honour Retry-After when given."""
+    if isinstance(exc, RateLimitedError):
+        return exc.retry_after if exc.retry_after is not None else True
+    return isinstance(exc, ServerUnavailableError)
+
+
+def retry_call(fn: Callable[[int], T], policy: RetryPolicy) -> T:
+    """Call ``fn(attempt_number)`` until it succeeds or the policy gives up.
+
+    The attempt number lets a caller read a 404 on a *retry* as "already applied".
+    """
+    number = 0
+    for attempt in stamina.retry_context(
+        on=_retry_hook,
+        attempts=policy.attempts,
+        timeout=policy.timeout,
+        wait_initial=policy.wait_initial,
+        wait_max=policy.wait_max,
+        wait_jitter=policy.wait_jitter,
+    ):
+        with attempt:
+            number += 1
+            return fn(number)
+    raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+
+
+@dataclass
+class HttpTransport:
+    """One pooled ``requests.Session`` per client with explicit connect/read timeouts.
+
+    Refuses plain ``http://`` to anything but loopback unless ``allow_insecure_http``.
+    Counts calls per endpoint label so the runtime can report HTTP calls per job.
+    """
+
+    base_url: str
+    connect_timeout: float = 3.05
+    read_timeout: float = 10.0
+    pool_maxsize: int = 64
+    allow_insecure_http: bool = False
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    user_agent: str = "serverless-worker"
+    calls: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(f"base URL must be http(s)://host[:port][/path], got {parts.scheme or 'no'} scheme")
+        if parts.scheme == "http" and not self.allow_insecure_http and not is_loopback_url(self.base_url):
+            raise ConfigurationError(
+                f"refusing plain http:// to non-loopback host {parts.hostname}; use https:// "
+                "or set allow_insecure_http explicitly")
+        self.base_url = self.base_url.rstrip("/")
+        self._session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_maxsize, max_retries=0)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        self._session.headers["User-Agent"] = self.user_agent
+        self._lock = threading.Lock()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        endpoint: str,
+        json_body: Any = None,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+        read_timeout: float | None = None,
+    ) -> HttpResponse:
+        """Send one request; translate transport failures; return any HTTP status as-is.
+
+        ``endpoint`` is a label without identifiers or credentials, used in errors,
+        logs and call counts.
+        """
+        with self._lock:
+            self.calls[endpoint] += 1
+        if json_body is not None:
+            data = json.dumps(json_body, separators=(",", ":")).encode()
+            headers = {**(headers or {}), "Content-Type": "application/json"}
+        timeout = (self.connect_timeout, read_timeout if read_timeout is not None else self.read_timeout)
+        started = time.monotonic()
+        try:
+            resp = self._session.request(method, self.base_url + path, data=data, headers=headers,
+                                         params=params, timeout=timeout, stream=True)
+            try:
+                body = resp.raw.read(self.max_response_bytes + 1, decode_content=True)
+            finally:
+                resp.close()
+        except (requests.exceptions.ConnectTimeout, requests.exceptions.ProxyError) as err:
+            raise ServerUnavailableError("could not connect", endpoint=endpoint, ambiguous=False) from err
+        except requests.exceptions.ConnectionError as err:
+            # A refused connection never reached the server; anything else may have.
+            ambiguous = not _is_connect_refused(err)
+            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=ambiguous) from err
+        except (requests.exceptions.Timeout, requests.exceptions.RequestException, OSError) as err:
+            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=True) from err
+        except Exception as err:  # urllib3 ProtocolError/IncompleteRead surface here when streaming
+            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=True) from err
+        if len(body) > self.max_response_bytes:
+            raise ProtocolViolationError(f"response larger than {self.max_response_bytes} bytes",
+                                         endpoint=endpoint, status=resp.status_code)
+        declared = resp.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) != len(body):
+            raise ServerUnavailableError("response truncated", endpoint=endpoint, ambiguous=True)
+        log.debug("http %s %s -> %s in %.1f ms", method, endpoint, resp.status_code,
+                  (time.monotonic() - started) * 1000)
+        return HttpResponse(resp.status_code, CaseInsensitiveDict(resp.headers), body, endpoint)
+
+    def raise_for_transient(self, response: HttpResponse) -> None:
+        """Raise RateLimitedError for 429 and ServerUnavailableError for 5xx."""
+        if response.status == 429:
+            raise RateLimitedError("rate limited", endpoint=response.endpoint,
+                                   retry_after=response.retry_after)
+        if response.status >= 500:
+            # 502/504 come from a proxy that may have forwarded the request; 500/503 may
+            # also follow a partial effect: treat all as ambiguous.
+            raise ServerUnavailableError("server error", endpoint=response.endpoint,
+                                         status=response.status, ambiguous=True)
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _is_connect_refused(err: BaseException) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ConnectionRefusedError):
+            return True
+        if "NewConnectionError" in type(cur).__name__ or "Connection refused" in str(type(cur)):
+            return True
+        cur = cur.__cause__ or cur.__context__ or (cur.args[0] if cur.args and isinstance(cur.args[0], BaseException) else None)
+    return False
+
+
+def _describe(err: BaseException) -> str:
+    """A short cause without URLs (which could carry query credentials)."""
+    return f"transport failure ({type(err).__name__})"

@@ -1,0 +1,311 @@
+"""What every sandbox shares: the ASGI app with its admin API, deterministic fault
+injection, per-endpoint call counts, and a runner that serves it on loopback in a
+thread (tests) or in the foreground (CLI).
+
+All protocol state lives on the event loop: endpoints are ``async def`` and never
+block, so a sandbox needs no locks. Admin routes live under ``/_admin`` so they can
+never collide with a protocol's own paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Literal
+
+import uvicorn
+from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
+
+__all__ = [
+    "FaultKind",
+    "FaultRule",
+    "FaultPlan",
+    "FaultInjector",
+    "Sandbox",
+    "SandboxServer",
+    "DroppedResponse",
+    "json_error",
+]
+
+FaultKind = Literal[
+    "error_5xx",           # answer 5xx before doing anything
+    "rate_limit",          # answer 429 (with Retry-After) before doing anything
+    "latency",             # sleep latency_ms, then behave normally
+    "drop_response",       # apply the effect, then cut the connection mid-response
+    "duplicate_delivery",  # deliver the same execution again (protocol-specific)
+    "expire_session",      # expire the worker session now (protocol-specific)
+]
+
+
+class FaultRule(BaseModel):
+    """One fault: which endpoint label (``*`` for all), how likely, how many times."""
+
+    kind: FaultKind
+    endpoint: str = "*"
+    probability: float = Field(default=1.0, ge=0.0, le=1.0)
+    count: int | None = Field(default=None, ge=0)  # fire at most this many times
+    status: int = 503
+    latency_ms: int = Field(default=0, ge=0)
+    retry_after: float | None = None
+
+
+class FaultPlan(BaseModel):
+    """A set of rules drawn deterministically from ``seed``."""
+
+    seed: int = 0
+    rules: list[FaultRule] = Field(default_factory=list)
+
+
+class FaultInjector:
+    """Decides which faults fire, reproducibly: the same seed and call order give the same faults."""
+
+    def __init__(self) -> None:
+        self.plan = FaultPlan()
+        self._rng = random.Random(0)
+        self._fired: Counter[int] = Counter()
+        self.log: list[dict[str, Any]] = []
+
+    def set(self, plan: FaultPlan) -> None:
+        self.plan = plan
+        self._rng = random.Random(plan.seed)
+        self._fired.clear()
+        self.log.clear()
+
+    def fire(self, kind: str, endpoint: str) -> FaultRule | None:
+        """Return the first rule of ``kind`` that fires for ``endpoint`` now, recording it."""
+        for index, rule in enumerate(self.plan.rules):
+            if rule.kind != kind or rule.endpoint not in ("*", endpoint):
+                continue
+            if rule.count is not None and self._fired[index] >= rule.count:
+                continue
+            if rule.probability < 1.0 and self._rng.random() >= rule.probability:
+                continue
+            self._fired[index] += 1
+            self.log.append({"at": time.time(), "kind": kind, "endpoint": endpoint})
+            return rule
+        return None
+
+
+class _ResponseDropped(Exception):
+    """Raised inside the ASGI app to make the server cut the connection."""
+
+
+class DroppedResponse(Response):
+    """Sends the status line and half the body, then aborts: the client sees an
+    unknown outcome although the effect was applied."""
+
+    def __init__(self) -> None:
+        super().__init__(content=b'{"dropped":' + b" " * 64 + b"}", media_type="application/json")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[:8], "more_body": True})
+        raise _ResponseDropped()
+
+
+class _QuietDrops(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, _ResponseDropped)
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
+
+
+def json_error(status: int, error: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": error, **extra}, status_code=status)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class Sandbox(ABC):
+    """Base of the three emulators. Subclasses provide protocol routes, seeding and history."""
+
+    name: ClassVar[str]
+    config_model: ClassVar[type[BaseModel]]
+
+    def __init__(self, **config: Any) -> None:
+        self.config = self.config_model(**config)
+        self.faults = FaultInjector()
+        self.calls: Counter[str] = Counter()
+
+    # -- to implement -------------------------------------------------------------
+    @abstractmethod
+    def protocol_routes(self) -> list[BaseRoute]:
+        """Routes of the protocol itself; wrap handlers with :meth:`endpoint`."""
+
+    @abstractmethod
+    def seed(self, body: Any) -> Any:
+        """Create jobs from an admin request body; return what was created (ids)."""
+
+    @abstractmethod
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job with its full history (attempts, leases, results, fenced, ignored)."""
+
+    def reset(self) -> None:
+        """Forget all jobs and sessions (keeps config and faults)."""
+
+    def periodic(self) -> list[tuple[float, Callable[[], None]]]:
+        """(interval seconds, function) pairs run on the event loop, e.g. expiry sweeps."""
+        return []
+
+    def extra_routes(self) -> list[BaseRoute]:
+        """Non-HTTP routes (the claim queue's WebSocket)."""
+        return []
+
+    # -- shared machinery ---------------------------------------------------------
+    def endpoint(self, label: str, fn: Endpoint) -> Endpoint:
+        """Wrap a protocol handler with call counting and the generic faults."""
+
+        async def wrapped(request: Request) -> Response:
+            self.calls[label] += 1
+            rule = self.faults.fire("latency", label)
+            if rule:
+                await asyncio.sleep(rule.latency_ms / 1000)
+            rule = self.faults.fire("error_5xx", label)
+            if rule:
+                return json_error(rule.status, "injected server error")
+            rule = self.faults.fire("rate_limit", label)
+            if rule:
+                headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else None
+                return JSONResponse({"error": "rate limited"}, status_code=429, headers=headers)
+            response = await fn(request)
+            if self.faults.fire("drop_response", label):
+                return DroppedResponse()
+            return response
+
+        return wrapped
+
+    def app(self) -> Starlette:
+        async def admin_seed(request: Request) -> Response:
+            try:
+                body = await request.json()
+                return JSONResponse({"created": self.seed(body)}, status_code=201)
+            except (ValueError, ValidationError) as err:
+                return json_error(400, f"bad seed: {err}")
+
+        async def admin_jobs(request: Request) -> Response:
+            return JSONResponse({"jobs": self.jobs()})
+
+        async def admin_faults(request: Request) -> Response:
+            if request.method == "DELETE":
+                self.faults.set(FaultPlan())
+            else:
+                try:
+                    self.faults.set(FaultPlan.model_validate(await request.json()))
+                except (ValueError, ValidationError) as err:
+                    return json_error(400, f"bad fault plan: {err}")
+            return JSONResponse({"plan": self.faults.plan.model_dump(), "fired": self.faults.log})
+
+        async def admin_config(request: Request) -> Response:
+            if request.method == "POST":
+                try:
+                    merged = {**self.config.model_dump(), **(await request.json())}
+                    self.config = self.config_model.model_validate(merged)
+                except (ValueError, ValidationError) as err:
+                    return json_error(400, f"bad config: {err}")
+            return JSONResponse(self.config.model_dump())
+
+        async def admin_stats(request: Request) -> Response:
+            return JSONResponse({"calls": dict(self.calls), "faults_fired": len(self.faults.log)})
+
+        async def admin_reset(request: Request) -> Response:
+            self.reset()
+            self.calls.clear()
+            self.faults.set(FaultPlan())
+            return JSONResponse({"ok": True})
+
+        admin = [
+            Route("/_admin/jobs", admin_seed, methods=["POST"]),
+            Route("/_admin/jobs", admin_jobs, methods=["GET"]),
+            Route("/_admin/faults", admin_faults, methods=["GET", "POST", "DELETE"]),
+            Route("/_admin/config", admin_config, methods=["GET", "POST"]),
+            Route("/_admin/stats", admin_stats, methods=["GET"]),
+            Route("/_admin/reset", admin_reset, methods=["POST"]),
+        ]
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+            tasks = [asyncio.create_task(self._every(interval, fn)) for interval, fn in self.periodic()]
+            try:
+                yield
+            finally:
+                for task in tasks:
+                    task.cancel()
+
+        return Starlette(routes=admin + self.protocol_routes() + self.extra_routes(), lifespan=lifespan)
+
+    @staticmethod
+    async def _every(interval: float, fn: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                fn()
+            except Exception:  # a sweep must never die silently and stop sweeping
+                logging.getLogger("serverless_worker.sandbox").exception("periodic task failed")
+
+
+class SandboxServer:
+    """Serves a sandbox on loopback: ``start()`` in a thread for tests, ``run()`` for the CLI.
+
+    >>> with SandboxServer(PipelogiqSandbox()) as server:
+    ...     requests.get(server.url + "/_admin/jobs")
+    """
+
+    def __init__(self, sandbox: Sandbox, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.sandbox = sandbox
+        self.host = host
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(sandbox.app(), log_level="warning", access_log=False,
+                                lifespan="on", ws="websockets-sansio", timeout_keep_alive=30,
+                                backlog=2048)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> SandboxServer:
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name=f"sandbox-{self.sandbox.name}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"{self.sandbox.name} sandbox did not start")
+            time.sleep(0.01)
+        return self
+
+    def run(self) -> None:
+        """Serve in the foreground until interrupted."""
+        self._server.run(sockets=[self._sock])
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread:
+            self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> SandboxServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

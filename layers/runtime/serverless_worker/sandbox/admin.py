@@ -1,0 +1,47 @@
+"""A small client for a sandbox's admin API, used by tests, the local runner and benchmarks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+__all__ = ["SandboxAdmin"]
+
+
+class SandboxAdmin:
+    """Seed jobs, read histories, switch faults and timeouts of a running sandbox."""
+
+    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._http = requests.Session()
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        resp = self._http.request(method, f"{self.base_url}/_admin/{path}", json=body, timeout=self.timeout)
+        resp.raise_for_status()
+        return resp.json()
+
+    def seed(self, body: Any) -> Any:
+        return self._call("POST", "jobs", body)["created"]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self._call("GET", "jobs")["jobs"]
+
+    def faults(self, rules: list[dict[str, Any]], seed: int = 0) -> Any:
+        return self._call("POST", "faults", {"seed": seed, "rules": rules})
+
+    def clear_faults(self) -> Any:
+        return self._call("DELETE", "faults")
+
+    def configure(self, **config: Any) -> dict[str, Any]:
+        return self._call("POST", "config", config)
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "stats")
+
+    def reset(self) -> None:
+        self._call("POST", "reset")
+
+    def close(self) -> None:
+        self._http.close()

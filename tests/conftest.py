@@ -1,0 +1,52 @@
+"""Fixtures shared by every tier: sandboxes on loopback and retries without backoff."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import stamina
+
+from serverless_worker.sandbox import create_sandbox
+from serverless_worker.sandbox._server import SandboxServer
+from serverless_worker.sandbox.admin import SandboxAdmin
+
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff() -> Iterator[None]:
+    """Retries keep their attempt counts but skip the sleeps."""
+    stamina.set_testing(True, attempts=6)
+    yield
+    stamina.set_testing(False)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., SandboxServer]]:
+    """Start a sandbox on a free loopback port: ``serve("pipelogiq", lease_seconds=3)``."""
+    servers: list[SandboxServer] = []
+
+    def _serve(protocol: str, **config: Any) -> SandboxServer:
+        server = SandboxServer(create_sandbox(protocol, **config)).start()
+        servers.append(server)
+        return server
+
+    yield _serve
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def admin_for() -> Iterator[Callable[[SandboxServer], SandboxAdmin]]:
+    admins: list[SandboxAdmin] = []
+
+    def _admin(server: SandboxServer) -> SandboxAdmin:
+        admin = SandboxAdmin(server.url)
+        admins.append(admin)
+        return admin
+
+    yield _admin
+    for admin in admins:
+        admin.close()
