@@ -177,7 +177,8 @@ class HttpTransport:
         started = time.monotonic()
         try:
             resp = self._session.request(method, self.base_url + path, data=data, headers=headers,
-                                         params=params, timeout=timeout, stream=True)
+                                         params=params, timeout=timeout, stream=True,
+                                         allow_redirects=False)  # credentials must not follow a redirect
             try:
                 body = resp.raw.read(self.max_response_bytes + 1, decode_content=True)
             finally:
