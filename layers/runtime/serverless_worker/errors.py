@@ -8,23 +8,25 @@ endpoint, status and identifiers a caller needs, never a credential.
 from __future__ import annotations
 
 __all__ = [
-    "ServerlessWorkerError",
+    "AuthenticationError",
+    "BadRequestError",
+    "BusinessError",
     "ConfigurationError",
+    "ForbiddenError",
+    "InvalidApiKeyError",
+    "JobCancelledError",
+    "LeaseRefusedError",
+    "NotFoundAfterRetryError",
+    "NotFoundError",
     "PayloadTooLargeError",
     "ProtocolError",
-    "BadRequestError",
-    "AuthenticationError",
-    "InvalidApiKeyError",
-    "SessionExpiredError",
-    "ForbiddenError",
-    "RateLimitedError",
-    "ServerUnavailableError",
-    "NotFoundError",
-    "NotFoundAfterRetryError",
-    "LeaseRefusedError",
-    "ResultNotAcceptedError",
     "ProtocolViolationError",
-    "BusinessError",
+    "RateLimitedError",
+    "ResultNotAcceptedError",
+    "ServerUnavailableError",
+    "ServerlessWorkerError",
+    "SessionExpiredError",
+    "UnknownHandlerError",
 ]
 
 
@@ -141,3 +143,24 @@ class BusinessError(ServerlessWorkerError):
     def __init__(self, code: str, message: str = "", variables: dict | None = None) -> None:
         self.code, self.message, self.variables = code, message, dict(variables or {})
         super().__init__(f"{code}: {message}" if message else code)
+
+
+class UnknownHandlerError(ServerlessWorkerError, LookupError):
+    """No handler is registered under ``name``; the message lists the known names."""
+
+    def __init__(self, name: str, known: list[str] | tuple[str, ...] = ()) -> None:
+        self.name, self.known = name, tuple(known)
+        listed = ", ".join(repr(k) for k in self.known) or "none registered"
+        super().__init__(f"no handler named {name!r} (known handlers: {listed})")
+
+
+class JobCancelledError(ServerlessWorkerError):
+    """Raised inside a handler by ``job.raise_if_cancelled()`` once the run is cancelled.
+
+    ``reason`` is ``lease_lost``, ``timeout`` or ``shutdown``. Let it propagate: the
+    runner maps it to the cancellation's outcome.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"job cancelled: {reason}")

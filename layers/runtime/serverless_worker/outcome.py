@@ -22,6 +22,7 @@ class OutcomeKind(StrEnum):
     FAILURE = "failure"              # any other exception
     TIMEOUT = "timeout"              # ran past its time budget
     NOT_STARTED = "not_started"      # never started: shutdown, throttled fan-out, reaped
+    LEASE_LOST = "lease_lost"        # renewal refused mid-run: report nothing; server recovery decides
 
 
 class ResultLog(BaseModel):

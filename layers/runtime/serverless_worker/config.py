@@ -1,0 +1,256 @@
+"""Every setting in one validated model, read from ``SW_*`` environment variables.
+
+A bad configuration fails once, with one :class:`ConfigurationError` listing every bad
+setting by its environment variable name (``SW_BATCH_SIZE: ...``), never echoing a
+value (an API key or a URL with credentials could be one). Importing this module is
+cheap: boto3 and Powertools are imported only where credentials are read
+(``credentials.py``).
+
+Example::
+
+    settings = load_settings(protocol="priostack", base_url="https://priostack.example.com")
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+
+from .errors import ConfigurationError
+from .handlers import HANDLER_NAME_RE
+
+__all__ = [
+    "ENV_PREFIX",
+    "LOCAL_API_KEY",
+    "LOCAL_PORTS",
+    "Protocol",
+    "Settings",
+    "format_settings_error",
+    "load_settings",
+]
+
+ENV_PREFIX = "SW_"
+Protocol = Literal["pipelogiq", "priostack", "claimqueue"]
+# The built-in sandboxes' defaults (``serverless-worker sandbox``): ports and API key.
+LOCAL_PORTS: dict[str, int] = {"pipelogiq": 8081, "priostack": 8082, "claimqueue": 8083}
+LOCAL_API_KEY = "sandbox-api-key"
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    """The worker's settings; each field is ``SW_<NAME>`` in the environment.
+
+    ``handlers`` reads as ``a,b`` or a JSON list; ``criteria`` as a JSON object mapping
+    a handler name to its claim-queue criteria. Empty variables count as unset.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True,
+                                      validate_default=True)
+
+    protocol: Protocol = "pipelogiq"
+    base_url: str
+    # Credentials: SW_API_KEY locally; in AWS a Secrets Manager secret or an SSM SecureString.
+    api_key: SecretStr | None = None
+    api_key_secret_arn: str | None = None
+    api_key_parameter: str | None = None
+    handlers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    handler_module: str = "functions.handlers"
+    criteria: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(default_factory=dict)
+    instance_id: str = Field("serverless-worker", min_length=1, max_length=128,
+                             pattern=r"^[A-Za-z0-9._:\-]+$")
+    batch_size: int = Field(10, ge=1, le=1000)
+    max_in_flight: int = Field(50, ge=1)
+    poll_window_seconds: float = Field(50, ge=0, le=840)
+    schedule_seconds: int = Field(60, ge=1)
+    lease_renew_seconds: float = Field(30, gt=0)
+    wait_seconds_long_poll: float = Field(20, ge=0, le=20)   # Pipelogiq accepts 0-20
+    session_ttl_seconds: float = Field(86400, gt=0)
+    session_refresh_margin_seconds: float = Field(3600, ge=0)
+    dispatch_timeout_seconds: float = Field(420, gt=0)       # a recorded delivery not started by then is stranded
+    executor_function_name: str | None = None
+    state_machine_arn: str | None = None
+    table_name: str | None = None
+    executor_reserved_concurrency: int | None = Field(None, ge=1)
+    report_margin_seconds: float = Field(10, ge=0)           # kept free to store and report the outcome
+    allow_insecure_http: bool = False
+    log_level: str = "INFO"
+    connect_timeout: float = Field(3.05, gt=0)
+    read_timeout: float = Field(10, gt=0)
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            # ``from None``: the chained ValidationError would print input values.
+            raise ConfigurationError(format_settings_error(err)) from None
+        except SettingsError as err:
+            raise ConfigurationError(f"invalid settings: {err}") from None
+
+    @classmethod
+    def local_defaults(cls, **overrides: Any) -> Settings:
+        """Settings for a laptop and the built-in sandbox: loopback URL and the sandbox key.
+
+        The environment and ``overrides`` still win over these defaults.
+        """
+        values = {k: v for k, v in overrides.items() if v is not None}
+        protocol = str(values.get("protocol") or os.environ.get(_env_name("protocol")) or "pipelogiq")
+        if "base_url" not in values and not os.environ.get(_env_name("base_url")):
+            values["base_url"] = f"http://127.0.0.1:{LOCAL_PORTS.get(protocol.strip().lower(), 8081)}"
+        credential_fields = ("api_key", "api_key_secret_arn", "api_key_parameter")
+        if not any(f in values or os.environ.get(_env_name(f)) for f in credential_fields):
+            values["api_key"] = LOCAL_API_KEY
+        return cls(**values)
+
+    # -- field parsing -----------------------------------------------------------
+    @field_validator("protocol", "log_level", mode="before")
+    @classmethod
+    def _normalize_word(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        level = value.upper()
+        level = "WARNING" if level == "WARN" else level
+        if level not in _LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}")
+        return level
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL with a host, such as https://jobs.example.com")
+        if parts.username or parts.password:
+            raise ValueError("must not carry credentials; set SW_API_KEY (or a secret) instead")
+        if parts.query or parts.fragment:
+            raise ValueError("must not have a query string or fragment")
+        return value.strip().rstrip("/")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _blank_key_is_none(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("api_key_secret_arn", "api_key_parameter", "executor_function_name", "state_machine_arn",
+                     "table_name")
+    @classmethod
+    def _check_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value or any(c.isspace() for c in value):
+            raise ValueError("must be a name or ARN without spaces")
+        return value
+
+    @field_validator("handlers", mode="before")
+    @classmethod
+    def _parse_handlers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    raise ValueError("is not a valid JSON list; use a,b,c or [\"a\",\"b\"]") from None
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("handlers")
+    @classmethod
+    def _check_handlers(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not HANDLER_NAME_RE.match(name)]
+        if bad:
+            raise ValueError(f"invalid handler name(s) {', '.join(map(repr, bad))}: use letters, digits, "
+                             "'.', '_', ':' or '-'")
+        return list(dict.fromkeys(value))  # drop duplicates, keep order
+
+    @field_validator("criteria", mode="before")
+    @classmethod
+    def _parse_criteria(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError('is not valid JSON; expected {"handler": {"field": matcher}}') from None
+        if isinstance(value, dict) and not all(isinstance(v, dict) for v in value.values()):
+            raise ValueError('must map each handler name to a JSON object, {"handler": {"field": matcher}}')
+        return value
+
+    # -- cross-field rules ---------------------------------------------------------
+    @model_validator(mode="after")
+    def _check_together(self) -> Settings:
+        problems: list[str] = []
+        parts = urlsplit(self.base_url)
+        if parts.scheme == "http" and not self.allow_insecure_http and not _is_loopback(parts.hostname or ""):
+            problems.append(f"{_env_name('base_url')}: plain http:// is allowed only to loopback "
+                            f"(localhost, 127.0.0.1, ::1); use https:// or set "
+                            f"{_env_name('allow_insecure_http')}=true")
+        if self.api_key_secret_arn and self.api_key_parameter:
+            problems.append(f"{_env_name('api_key_secret_arn')}, {_env_name('api_key_parameter')}: "
+                            "set at most one source for the API key")
+        if self.handlers:
+            unknown = sorted(set(self.criteria) - set(self.handlers))
+            if unknown:
+                problems.append(f"{_env_name('criteria')}: criteria for handler(s) not in "
+                                f"{_env_name('handlers')}: {', '.join(unknown)}")
+        if self.session_refresh_margin_seconds >= self.session_ttl_seconds:
+            problems.append(f"{_env_name('session_refresh_margin_seconds')}: must be less than "
+                            f"{_env_name('session_ttl_seconds')}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+def format_settings_error(err: ValidationError) -> str:
+    """``invalid settings:`` then one ``SW_NAME: problem`` line per bad setting, no values."""
+    lines: list[str] = []
+    for error in err.errors(include_input=False, include_url=False, include_context=False):
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not error["loc"]:  # cross-field rules already name their settings
+            lines.extend(message.splitlines())
+            continue
+        name = _env_name(str(error["loc"][0]))
+        if error["type"] == "missing":
+            message = "required but not set"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown setting"
+        where = ".".join(str(p) for p in error["loc"][1:])
+        lines.append(f"{name}{f' [{where}]' if where else ''}: {message}")
+    return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment, with ``overrides`` (field names) on top.
+
+    Overrides whose value is ``None`` are ignored, so a CLI can pass optional flags
+    straight through. Raises :class:`ConfigurationError` naming each bad setting.
+    """
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    logging.getLogger("serverless_worker.config").debug(
+        "settings loaded: protocol=%s handlers=%s", settings.protocol, settings.handlers)
+    return settings

@@ -1,0 +1,302 @@
+"""The ``@handler`` decorator, the registry it fills, and loading the user's handler module.
+
+The decorator returns the function unchanged, so a handler stays a plain function
+that unit tests call with a hand-built :class:`~serverless_worker.job.Job`.
+
+Example::
+
+    from serverless_worker import BusinessError, Job, handler
+
+    @handler("payment-processor", input=Payment, timeout=30)
+    def charge(job: Job[Payment]) -> dict:
+        if job.input.amount > 1000:
+            raise BusinessError("CARD_DECLINED", "over the limit")
+        return {"status": "charged"}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from .errors import ConfigurationError, UnknownHandlerError
+from .results import NotJsonSerializableError, to_jsonable
+
+__all__ = [
+    "HANDLER_NAME_RE",
+    "SPEC_ATTRIBUTE",
+    "HandlerRegistry",
+    "HandlerSpec",
+    "default_registry",
+    "get_handler",
+    "handler",
+    "load_handlers",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SPEC_ATTRIBUTE = "__serverless_worker_handler__"
+# Safe as a Pipelogiq handler name, a Priostack job type and a claim-queue URL segment.
+HANDLER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """One registered handler and the options it was declared with.
+
+    ``callback=True`` implies ``long_running``: the handler starts external work and
+    the result arrives later through the Step Functions task token.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    input_model: type[BaseModel] | None = None
+    timeout: float | None = None
+    long_running: bool = False
+    criteria: Mapping[str, Any] | None = field(default=None, hash=False)
+    callback: bool = False
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+
+def _build_spec(name: str, fn: Callable[..., Any], *, input: type[BaseModel] | None, timeout: float | None,
+                long_running: bool, criteria: Mapping[str, Any] | None, callback: bool) -> HandlerSpec:
+    """Check the declaration once, at import time, so mistakes surface at deploy, not per job."""
+    where = f"handler {name!r}"
+    if not isinstance(name, str) or not HANDLER_NAME_RE.match(name):
+        raise ConfigurationError(
+            f"handler name {name!r} is invalid: use 1-128 letters, digits, '.', '_', ':' or '-', "
+            "starting with a letter or digit")
+    if not callable(fn):
+        raise ConfigurationError(f"{where}: the decorated object is not callable")
+    try:
+        inspect.signature(fn).bind(object())
+    except TypeError as err:
+        raise ConfigurationError(f"{where}: the function must accept exactly one argument, the job") from err
+    except ValueError:  # builtins without a signature: accept and let the run tell
+        pass
+    if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
+        raise ConfigurationError(f"{where}: input= must be a pydantic BaseModel subclass")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+                or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigurationError(f"{where}: timeout= must be a positive number of seconds")
+        timeout = float(timeout)
+    if criteria is not None:
+        if not isinstance(criteria, Mapping) or not all(isinstance(k, str) for k in criteria):
+            raise ConfigurationError(f"{where}: criteria= must be a dict with string keys")
+        try:
+            criteria = to_jsonable(dict(criteria))
+        except NotJsonSerializableError as err:
+            raise ConfigurationError(f"{where}: criteria= must be JSON-serializable") from err
+    return HandlerSpec(name=name, fn=fn, input_model=input, timeout=timeout,
+                       long_running=bool(long_running or callback), criteria=criteria,
+                       callback=bool(callback))
+
+
+class HandlerRegistry:
+    """Handlers by name. Registering a second, different handler under a name raises."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, HandlerSpec] = {}
+        self._lock = threading.Lock()
+
+    def register(self, spec: HandlerSpec) -> HandlerSpec:
+        """Add ``spec``. The same spec again is a no-op, and the same function re-imported
+        from the same source (``importlib.reload``) replaces it; anything else raises."""
+        with self._lock:
+            existing = self._specs.get(spec.name)
+            if existing is not None and existing != spec and not _same_source(existing.fn, spec.fn):
+                raise ConfigurationError(
+                    f"handler {spec.name!r} is already registered by "
+                    f"{_qualname(existing.fn)}; cannot register {_qualname(spec.fn)} under the same name")
+            self._specs[spec.name] = spec
+        return spec
+
+    def handler(self, name: str, *, input: type[BaseModel] | None = None, timeout: float | None = None,
+                long_running: bool = False, criteria: Mapping[str, Any] | None = None,
+                callback: bool = False) -> Callable[[F], F]:
+        """Decorator registering the function in this registry (see :func:`handler`)."""
+
+        def decorate(fn: F) -> F:
+            spec = _build_spec(name, fn, input=input, timeout=timeout, long_running=long_running,
+                               criteria=criteria, callback=callback)
+            self.register(spec)
+            # A bound method cannot carry the attribute; lookup by name still works.
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(fn, SPEC_ATTRIBUTE, spec)
+            return fn
+
+        return decorate
+
+    def get(self, name: str) -> HandlerSpec:
+        """The spec for ``name``; raises UnknownHandlerError listing the known names."""
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise UnknownHandlerError(name, self.names()) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def specs(self) -> list[HandlerSpec]:
+        return [self._specs[n] for n in self.names()]
+
+    def clear(self) -> None:
+        """Forget every handler (tests)."""
+        with self._lock:
+            self._specs.clear()
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[HandlerRegistry]:
+        """Empty the registry for a block and restore its handlers afterwards (tests).
+
+        Example::
+
+            with default_registry.isolated():
+                load_handlers("tests/fixtures/handlers.py")
+        """
+        with self._lock:
+            saved = dict(self._specs)
+            self._specs.clear()
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._specs.clear()
+                self._specs.update(saved)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[HandlerSpec]:
+        return iter(self.specs())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __repr__(self) -> str:
+        return f"HandlerRegistry({self.names()})"
+
+
+default_registry = HandlerRegistry()
+
+
+def handler(name: str, *, input: type[BaseModel] | None = None, timeout: float | None = None,
+            long_running: bool = False, criteria: Mapping[str, Any] | None = None,
+            callback: bool = False, registry: HandlerRegistry | None = None) -> Callable[[F], F]:
+    """Register a function as the handler for ``name``.
+
+    ``name`` is the Pipelogiq stage handler name, the Priostack job type or the claim
+    queue's name. ``input`` is a pydantic model the payload must satisfy (else the job
+    ends as bad input without calling the function); ``timeout`` the handler's own
+    budget in seconds; ``long_running`` runs it through Step Functions (and allows
+    returning :class:`~serverless_worker.results.Continue`); ``criteria`` the claim
+    queue capability criteria; ``callback`` a long-running handler finished later
+    through ``job.callback_token``.
+    """
+    return (registry if registry is not None else default_registry).handler(
+        name, input=input, timeout=timeout, long_running=long_running, criteria=criteria, callback=callback)
+
+
+def get_handler(name: str) -> HandlerSpec:
+    """The spec registered under ``name`` in the default registry."""
+    return default_registry.get(name)
+
+
+def load_handlers(module_or_path: str | Path, registry: HandlerRegistry | None = None) -> ModuleType:
+    """Import the user's handler module and make sure its handlers are in ``registry``.
+
+    Accepts a dotted module name (``functions.handlers``), a ``.py`` file or a package
+    directory. Files load under a private module name through
+    ``importlib.util.spec_from_file_location``; ``sys.path`` is never changed, so a
+    package directory is the way to load several modules with relative imports.
+    Loading the same module again does not re-run it; its handlers are re-registered
+    (after a ``registry.clear()``, for instance).
+    """
+    target = registry if registry is not None else default_registry
+    text = str(module_or_path)
+    is_path = isinstance(module_or_path, Path) or text.endswith(".py") or "/" in text or "\\" in text
+    try:
+        module = _import_path(Path(text)) if is_path else importlib.import_module(text)
+    except ConfigurationError:
+        raise
+    except Exception as err:
+        raise ConfigurationError(
+            f"could not load handler module {text!r}: {type(err).__name__}: {err}") from err
+    for spec in _declared_specs(module):
+        target.register(spec)
+    return module
+
+
+def _import_path(path: Path) -> ModuleType:
+    resolved = path.resolve()
+    if resolved.is_dir():
+        init = resolved / "__init__.py"
+        if not init.is_file():
+            raise ConfigurationError(f"handler package {str(path)!r} has no __init__.py")
+        location, search = init, [str(resolved)]
+    elif resolved.is_file():
+        location, search = resolved, None
+    else:
+        raise ConfigurationError(f"handler module path {str(path)!r} does not exist")
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:10]
+    stem = re.sub(r"\W", "_", resolved.stem if search is None else resolved.name)
+    name = f"_sw_handlers_{stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, location, submodule_search_locations=search)
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(f"cannot import {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running, as import does: pydantic resolves annotations through it.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+        raise
+    return module
+
+
+def _declared_specs(module: ModuleType) -> list[HandlerSpec]:
+    """Handlers defined in ``module`` or its already-imported submodules."""
+    prefix = module.__name__ + "."
+    modules = [m for n, m in list(sys.modules.items()) if m is not None and (n == module.__name__
+                                                                             or n.startswith(prefix))]
+    found: list[HandlerSpec] = []
+    for mod in modules:
+        for value in list(vars(mod).values()):
+            spec = getattr(value, SPEC_ATTRIBUTE, None) if callable(value) else None
+            if isinstance(spec, HandlerSpec) and getattr(spec.fn, "__module__", None) == mod.__name__:
+                found.append(spec)
+    return found
+
+
+def _same_source(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    """Two function objects for one definition: same qualified name, same file and line."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (code_a is not None and code_b is not None
+            and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+            and code_a.co_filename == code_b.co_filename and code_a.co_firstlineno == code_b.co_firstlineno)
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
