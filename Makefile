@@ -1,0 +1,93 @@
+# serverless-worker: the commands a developer and CI use.
+# Needs only python3.11, make, npm and java on the machine; everything else is installed
+# into two virtualenvs here (.venv for the project, .venv-sam for the SAM CLI).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-builtin-rules --no-print-directory
+
+PYTHON ?= python3.11
+VENV ?= .venv
+SAM_VENV ?= .venv-sam
+# aws-sam-cli pins boto3 to one exact version, so it gets a venv of its own.
+SAM_CLI_VERSION ?= 1.170.0
+AWS_REGION ?= us-east-1
+# Extra pytest arguments, e.g. make test PYTEST_ARGS="tests/cli -x"
+PYTEST_ARGS ?=
+# Extra arguments for the main command, e.g. make run RUN_ARGS=--help
+RUN_ARGS ?=
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_PROGRESS_BAR := off
+export SAM_CLI_TELEMETRY := 0
+export AWS_DEFAULT_REGION ?= $(AWS_REGION)
+
+# Stamps are named after what they installed, so a changed pyproject.toml (or SAM CLI
+# version) reinstalls and an unchanged one never does, whatever the file times say.
+DEPS_KEY := $(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+VENV_STAMP := $(VENV)/.installed-$(DEPS_KEY)
+SAM_STAMP := $(SAM_VENV)/.installed-aws-sam-cli-$(SAM_CLI_VERSION)
+SAM := $(SAM_VENV)/bin/sam
+
+# $(call fresh_venv,DIR): (re)create DIR unless it is a working venv of $(PYTHON)'s exact
+# version (a pyenv patch upgrade leaves old venvs pointing at a missing interpreter).
+define fresh_venv
+	@if [ "$$($(1)/bin/python -V 2>&1)" != "$$($(PYTHON) -V 2>&1)" ]; then \
+		echo "creating $(1) with $$($(PYTHON) -V 2>&1)"; \
+		rm -rf "$(1)"; \
+		$(PYTHON) -m venv "$(1)"; \
+	fi
+	@rm -f $(1)/.installed-*
+endef
+
+.PHONY: help venv sam-venv test run lint ruff mypy sam-validate sam-build clean distclean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+venv: $(VENV_STAMP) ## create or refresh .venv (the package, editable, with the dev extras)
+
+$(VENV_STAMP):
+	$(call fresh_venv,$(VENV))
+	$(VENV)/bin/python -m pip install -qq -e ".[dev]"
+	@touch "$@"
+
+sam-venv: $(SAM_STAMP) ## create or refresh .venv-sam (the SAM CLI)
+
+$(SAM_STAMP):
+	$(call fresh_venv,$(SAM_VENV))
+	$(SAM_VENV)/bin/python -m pip install -qq "aws-sam-cli==$(SAM_CLI_VERSION)"
+	@touch "$@"
+
+# pytest's exit 5 ("no tests ran") is non-zero, so it fails this target too. Every test
+# server listens on a port the OS picks, so xdist workers never collide.
+test: venv ## run every test tier in parallel (installs DynamoDB Local first when the project has it)
+	@if [ -f scripts/install-dynamodb-local.sh ]; then bash scripts/install-dynamodb-local.sh; fi
+	$(VENV)/bin/python -m pytest -n auto --durations=10 $(PYTEST_ARGS)
+
+# The main command: the demo, locally, on embedded defaults. The `local` subcommand lands
+# with the runtime; until then this target fails with "invalid choice: 'local'".
+run: venv ## run the demo worker locally against the built-in sandboxes
+	$(VENV)/bin/serverless-worker local $(RUN_ARGS)
+
+lint: ruff mypy ## ruff and mypy
+
+ruff: venv ## ruff on everything
+	$(VENV)/bin/ruff check .
+
+mypy: venv ## mypy on the package
+	$(VENV)/bin/mypy
+
+sam-validate: sam-venv ## sam validate --lint on template.yaml
+	$(SAM) validate --lint --region $(AWS_REGION)
+
+sam-build: sam-venv ## sam build (the layer and the functions, with the machine's python3.11)
+	$(SAM) build
+
+clean: ## remove build output and caches (keeps the venvs)
+	rm -rf .aws-sam .pytest_cache .mypy_cache .ruff_cache layers/runtime/*.egg-info
+	find . -path ./$(VENV) -prune -o -path ./$(SAM_VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean ## clean, and remove both venvs
+	rm -rf $(VENV) $(SAM_VENV)

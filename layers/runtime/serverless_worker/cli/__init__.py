@@ -1,0 +1,64 @@
+"""The ``serverless-worker`` command: a thin argparse frame over the runtime.
+
+Each subcommand is one module of this package exposing ``register(subparsers)``, which
+adds its parser and sets ``handler=fn`` (``fn(args) -> int``) with ``set_defaults``.
+Adding a subcommand is one module plus one name in :data:`SUBCOMMANDS`. Subcommand
+modules import heavy dependencies inside their handlers, so ``--help`` stays instant.
+
+Example (serves until Ctrl-C)::
+
+    main(["sandbox", "pipelogiq", "--port", "8081", "--demo"])
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from ..errors import ServerlessWorkerError
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+PROG = "serverless-worker"
+
+# Modules of this package, one per subcommand, in the order ``--help`` lists them.
+SUBCOMMANDS: tuple[str, ...] = (
+    "sandbox",
+)
+
+# Exit status for usage and configuration errors, the same one argparse uses.
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run job handlers for HTTP job-worker APIs on AWS Lambda, or locally.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(handler(args))
+    except ServerlessWorkerError as err:
+        # Expected failures (bad settings, port taken, bad seed file) get one line, no traceback.
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
