@@ -160,6 +160,8 @@ class WorkerProtocol(ABC):
     has_lease: ClassVar[bool] = False          # acquire is a server call that can refuse
     lease_renewable: ClassVar[bool] = False    # renew extends the lease
     supports_events: ClassVar[bool] = False    # send_events reaches the server
+    long_poll: ClassVar[bool] = False          # pull waits server-side for work (no idle sleep needed)
+    empty_poll_backoff: ClassVar[float] = 1.0  # seconds to wait after an empty pull when not long-polling
     max_events_per_batch: ClassVar[int] = 200
 
     # -- session -------------------------------------------------------------
