@@ -377,8 +377,10 @@ class PriostackClient(WorkerProtocol):
         try:
             return model.model_validate(response.json())
         except ValidationError as err:
+            # `from None`: pydantic's error quotes the answer, which may echo a credential
+            # (registration answers carry an api_key).
             raise ProtocolViolationError(f"unexpected answer shape ({err.error_count()} errors)",
-                                         endpoint=response.endpoint, status=response.status) from err
+                                         endpoint=response.endpoint, status=response.status) from None
 
     def _reconcile(self, delivery: Delivery, sent: dict[str, Any] | None) -> dict[str, Any]:
         """Read the job's process instance back after a 404, for the receipt.
