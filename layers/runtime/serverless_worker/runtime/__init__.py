@@ -1,0 +1,1 @@
+"""The serverless runtime: scheduler ticks, executors, state-machine steps, reaper and drain."""

@@ -1,0 +1,90 @@
+"""Drain: stop pulling, say so, let in-flight work finish (or hand back what never
+started), then mark the worker stopped.
+
+The draining flag lives in the state table, so every scheduler tick, in any container,
+sees it before it pulls again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ProtocolError, ServerlessWorkerError
+from ..protocols.base import WorkerStatus
+from .services import Services
+from .settle import hand_back
+
+__all__ = ["DrainReport", "drain", "resume_pulling"]
+
+log = logging.getLogger("serverless_worker.drain")
+
+
+@dataclass
+class DrainReport:
+    waited_seconds: float = 0.0
+    finished_in_flight: int = 0
+    handed_back: int = 0
+    still_running: int = 0
+    shutdown_called: bool = False
+
+
+def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: float = 1.0,
+          sleep: Callable[[float], None] = time.sleep, shutdown: bool = True) -> DrainReport:
+    """Drain this worker instance; returns when nothing is in flight or the grace ends."""
+    store = services.store
+    protocol_name, instance = services.protocol_name, services.instance
+    store.set_draining(protocol_name, instance, True)
+    services.events.add("worker.draining", "drain requested: no new pulls")
+    report = DrainReport()
+    start = services.clock()
+    initial = store.count_in_flight(protocol_name, instance)
+    next_heartbeat = 0.0
+    while True:
+        now = services.clock()
+        if now >= next_heartbeat:
+            _heartbeat(services, "draining")
+            session = services.keeper.session
+            next_heartbeat = now + (session.heartbeat_interval if session else 15.0)
+        # Hand back whatever never started: nothing to finish there.
+        for item in store.in_flight(protocol_name, instance):
+            if str(item.status).endswith(("RECORDED", "DISPATCHED")) and store.start_run(
+                    item.key, epoch=f"drain:{uuid.uuid4()}", deadline=now + 60) is not None:
+                try:
+                    hand_back(services, item.key, item.delivery, "worker draining")
+                    report.handed_back += 1
+                except ServerlessWorkerError as err:
+                    log.warning("hand back during drain failed: %s", err)
+        remaining = store.count_in_flight(protocol_name, instance)
+        if remaining == 0 or now - start >= grace_seconds:
+            report.still_running = remaining
+            break
+        sleep(poll_seconds)
+    report.waited_seconds = services.clock() - start
+    report.finished_in_flight = max(0, initial - report.handed_back - report.still_running)
+    if shutdown:
+        _heartbeat(services, "stopped")
+        try:
+            services.call(lambda p: p.shutdown("drained"))
+            report.shutdown_called = True
+        except ProtocolError as err:
+            log.warning("shutdown call failed: %s", err)
+    services.events.add("worker.drained", f"drained: {report.handed_back} handed back, "
+                        f"{report.still_running} still running")
+    services.events.flush(services.protocol)
+    return report
+
+
+def resume_pulling(services: Services) -> None:
+    """Clear the draining flag so the next tick pulls again."""
+    services.store.set_draining(services.protocol_name, services.instance, False)
+
+
+def _heartbeat(services: Services, state: str) -> None:
+    try:
+        services.call(lambda p: p.heartbeat(WorkerStatus(state=state)))
+    except ProtocolError as err:
+        log.warning("heartbeat (%s) failed: %s", state, err)

@@ -1,0 +1,103 @@
+"""What the Lambda entry points call: build the runtime once per container from the
+environment, run one tick / delivery / step, publish metrics.
+
+Configuration is loaded on the first invocation, not at import, so a misconfigured
+stack fails with one clear ``ConfigurationError`` naming each bad setting instead of an
+import crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from .context import LambdaContextLike
+from .services import Services
+
+__all__ = ["services_from_environment", "scheduler_tick", "execute_delivery", "state_machine_step",
+           "drain_worker", "reset_services"]
+
+log = logging.getLogger("serverless_worker.entry")
+
+
+@functools.cache
+def services_from_environment() -> Services:
+    """Settings, handlers, state store and dispatcher, built once per container."""
+    from ..config import load_settings
+    from ..handlers import default_registry, load_handlers
+    from ..state import StateStore
+    from .dispatch import AwsDispatcher
+
+    settings = load_settings()
+    if settings.handler_module:
+        load_handlers(settings.handler_module)
+    store = StateStore(settings.table_name)
+    dispatcher = AwsDispatcher(executor_function=settings.executor_function_name,
+                               state_machine_arn=settings.state_machine_arn)
+    return Services(settings=settings, store=store, registry=default_registry, dispatcher=dispatcher)
+
+
+@functools.cache
+def _scheduler() -> Any:
+    from .scheduler import Scheduler
+
+    return Scheduler(services_from_environment())
+
+
+def reset_services() -> None:
+    """Forget the cached runtime (tests and the local runner switch environments)."""
+    services_from_environment.cache_clear()
+    _scheduler.cache_clear()
+
+
+def _metrics() -> Any:
+    from .metrics import metrics
+
+    return metrics
+
+
+def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    report = _scheduler().tick(context, window=event.get("poll_window_seconds") if event else None)
+    m = _metrics()
+    m.add("SchedulerTicks", 1)
+    m.add("DeliveriesPulled", report.pulled)
+    m.add("DeliveriesDispatched", report.dispatched)
+    m.add("DuplicatesDiscarded", report.duplicates)
+    m.add("DispatchFailed", report.dispatch_failed)
+    m.add("StrandedReaped", report.reaped)
+    if not any(e.startswith("pull:") for e in report.errors) and report.pulls:
+        m.add("SuccessfulPolls", 1)
+    m.flush()
+    return report.as_dict()
+
+
+def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    from ..errors import ConfigurationError
+    from .executor import execute
+
+    key = event.get("ledger_key") if isinstance(event, dict) else None
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError("executor event must be {\"ledger_key\": \"...\"}")
+    result = execute(services_from_environment(), key, context)
+    m = _metrics()
+    m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
+    m.flush()
+    return result
+
+
+def state_machine_step(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    from .steps import run_step
+
+    return run_step(services_from_environment(), event, context)
+
+
+def drain_worker(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    from .drain import drain, resume_pulling
+
+    services = services_from_environment()
+    if event.get("resume"):
+        resume_pulling(services)
+        return {"resumed": True}
+    report = drain(services, grace_seconds=float(event.get("grace_seconds", 60)))
+    return dict(report.__dict__)

@@ -1,0 +1,137 @@
+"""One delivery, start to finish: claim it in the ledger, take the lease, run the
+handler within its time budget, store the outcome, report, acknowledge.
+
+The ledger claim (a conditional write that also returns the item) makes a duplicate
+or retried invocation harmless: whoever does not own the run either settles an outcome
+that is already stored or does nothing. The outcome is stored *before* it is reported,
+so a crash after running never leads to running the handler again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ..errors import LeaseRefusedError, ProtocolError, UnknownHandlerError
+from ..outcome import Outcome, OutcomeKind
+from ..protocols.base import Delivery, Lease
+from .context import LambdaContextLike
+from .lease import LeaseKeeper, time_budget
+from .services import Services
+from .settle import Settlement, acknowledge, discard, hand_back, settle
+
+__all__ = ["execute", "resume", "run_claimed"]
+
+log = logging.getLogger("serverless_worker.executor")
+
+# Status names as the state store spells them (see serverless_worker.state).
+_RESUMABLE_REPORT = "OUTCOME_STORED"
+_RESUMABLE_ACK = "REPORTED"
+
+
+def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> dict[str, Any]:
+    """Executor entry: run the delivery behind ``ledger_key`` once."""
+    now = services.clock()
+    remaining = context.get_remaining_time_in_millis() / 1000
+    with services.flushing_events():
+        item = services.store.start_run(ledger_key, epoch=context.aws_request_id, deadline=now + remaining + 30)
+        if item is None:
+            return resume(services, ledger_key)
+        settlement = run_claimed(services, ledger_key, item.delivery, epoch=context.aws_request_id,
+                                 remaining=lambda: context.get_remaining_time_in_millis() / 1000)
+        return {"ledger_key": ledger_key, "action": settlement.action, "detail": settlement.detail}
+
+
+def resume(services: Services, ledger_key: str) -> dict[str, Any]:
+    """Someone already claimed this delivery: finish what a crashed run left, never re-run."""
+    item = services.store.get(ledger_key)
+    if item is None:
+        log.warning("ledger item %s not found; nothing to do", ledger_key)
+        return {"ledger_key": ledger_key, "action": "missing"}
+    status = str(item.status)
+    if status.endswith(_RESUMABLE_REPORT) and item.outcome is not None:
+        settlement = settle(services, ledger_key, item.delivery, item.outcome)
+        return {"ledger_key": ledger_key, "action": settlement.action, "resumed": True}
+    if status.endswith(_RESUMABLE_ACK):
+        acknowledge(services, ledger_key, item.delivery)
+        return {"ledger_key": ledger_key, "action": "acknowledged", "resumed": True}
+    return {"ledger_key": ledger_key, "action": "skipped", "status": status}
+
+
+def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoch: str,
+                remaining: Any) -> Settlement:
+    """Lease, run, store, settle a delivery this invocation owns (status RUNNING, our epoch)."""
+    try:
+        lease = services.call(lambda p: p.acquire(delivery))
+    except LeaseRefusedError as refusal:
+        return _refused(services, ledger_key, delivery, refusal)
+    except ProtocolError as err:
+        # We could not learn whether we hold the lease; the handler has not started, so
+        # handing back is safe and definite.
+        return hand_back(services, ledger_key, delivery, f"lease not acquired: {type(err).__name__}")
+
+    try:
+        spec = services.registry.get(delivery.handler)
+    except UnknownHandlerError as err:
+        outcome = Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER", message=str(err))
+        services.store.store_outcome(ledger_key, epoch, outcome)
+        return settle(services, ledger_key, delivery, outcome)
+
+    settings = services.settings
+    budget = time_budget(remaining_lambda=remaining(), report_margin=settings.report_margin_seconds,
+                         handler_timeout=spec.timeout, job_timeout=delivery.timeout_seconds, lease=lease,
+                         now=services.clock())
+    if budget < 1.0 or (spec.timeout is not None and budget < spec.timeout):
+        # DESIGN: a delivery whose remaining time cannot fit the handler's timeout is handed back.
+        return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler")
+
+    outcome = _run(services, delivery, spec, lease, budget)
+    services.store.store_outcome(ledger_key, epoch, outcome)
+    return settle(services, ledger_key, delivery, outcome)
+
+
+def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget: float) -> Outcome:
+    from ..runner import run_handler
+
+    cancel = threading.Event()
+    reason: list[str] = []
+
+    def lost(why: str) -> None:
+        reason.append(why)
+        cancel.set()
+
+    keeper = None
+    if services.protocol.lease_renewable:
+        keeper = LeaseKeeper(services, delivery, lease, renew_every=services.settings.lease_renew_seconds,
+                             on_lost=lost, clock=services.clock).start()
+    try:
+        result = run_handler(spec, delivery, budget_seconds=budget, cancel_event=cancel,
+                             progress=lambda value: _progress(services, delivery, value))
+    finally:
+        if keeper is not None:
+            keeper.stop()
+    outcome: Outcome | None = result.outcome
+    if outcome is None:  # a Continue from a short handler is turned into a failure by the runner
+        outcome = Outcome(kind=OutcomeKind.FAILURE, error_code="NO_OUTCOME", message="handler produced no outcome")
+    return outcome
+
+
+def _progress(services: Services, delivery: Delivery, value: Any) -> None:
+    try:
+        services.protocol.progress(delivery, value)
+    except ProtocolError as err:
+        log.info("progress not reported: %s", err)
+
+
+def _refused(services: Services, ledger_key: str, delivery: Delivery, refusal: LeaseRefusedError) -> Settlement:
+    """Never run a refused delivery. Every refusal settles the delivery (ack without
+    requeue): stale and duplicate deliveries are dropped, and for ``lease_expired`` the
+    server's recovery publishes a fresh execution, so requeueing this one would only
+    come back stale. ``stop`` (application mismatch) also stops pulling."""
+    services.events.add("job.lease_refused", f"job {delivery.job_id}: {refusal.reason}", level="WARN",
+                        job_id=delivery.job_id, reason=refusal.reason)
+    if refusal.action == "stop":
+        log.error("lease refused with %s: stopping this worker; fix its configuration", refusal.reason)
+        services.store.set_stopped(services.protocol_name, services.instance, f"lease refused: {refusal.reason}")
+    return discard(services, ledger_key, delivery, f"lease refused: {refusal.reason} ({refusal.action})")

@@ -1,0 +1,91 @@
+"""Keeping an execution lease alive while a handler runs, and sizing the time budget.
+
+Renewal happens in a background thread at about half the lease's remaining time. A
+definitive refusal, or reaching the last confirmed expiry without a successful
+renewal, cancels the handler cooperatively: past that point the server may hand the
+job to someone else, so no further side effects may start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import LeaseRefusedError, ProtocolError
+from ..protocols.base import Delivery, Lease
+from .services import Services
+
+__all__ = ["LeaseKeeper", "time_budget"]
+
+log = logging.getLogger("serverless_worker.lease")
+
+
+def time_budget(*, remaining_lambda: float, report_margin: float, handler_timeout: float | None,
+                job_timeout: float | None, lease: Lease | None, now: float,
+                lease_margin: float = 2.0) -> float:
+    """Seconds the handler may run: the tightest of Lambda time (less room to store and
+    report), the handler's and the job's own timeouts, and a lease that cannot be renewed."""
+    budget = remaining_lambda - report_margin
+    for limit in (handler_timeout, job_timeout):
+        if limit is not None and limit > 0:
+            budget = min(budget, limit)
+    if lease is not None and not lease.renewable and lease.expires_at is not None:
+        budget = min(budget, lease.expires_at - now - lease_margin)
+    return max(0.0, budget)
+
+
+class LeaseKeeper:
+    """Renews ``delivery``'s lease in a thread until stopped; calls ``on_lost`` once if lost."""
+
+    def __init__(self, services: Services, delivery: Delivery, lease: Lease, *, renew_every: float,
+                 on_lost: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
+        self._services = services
+        self._delivery = delivery
+        self._expires_at = lease.expires_at
+        self._renew_every = renew_every
+        self._on_lost = on_lost
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{delivery.job_id}", daemon=True)
+        self.renewals = 0
+        self.lost_reason: str | None = None
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _interval(self) -> float:
+        if self._expires_at is None:
+            return self._renew_every
+        half = (self._expires_at - self._clock()) / 2
+        return max(0.2, min(self._renew_every, half))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval()):
+            try:
+                lease = self._services.call(lambda p: p.renew(self._delivery))
+            except LeaseRefusedError as refusal:
+                self._lose(f"renewal refused: {refusal.reason}")
+                return
+            except ProtocolError as err:
+                if self._expires_at is not None and self._clock() >= self._expires_at - 1.0:
+                    self._lose(f"lease expired without a confirmed renewal ({type(err).__name__})")
+                    return
+                log.warning("lease renewal failed, will retry before expiry: %s", err)
+                continue
+            self.renewals += 1
+            if lease.expires_at is not None:
+                self._expires_at = lease.expires_at
+
+    def _lose(self, reason: str) -> None:
+        self.lost_reason = reason
+        log.warning("lease lost for job %s: %s", self._delivery.job_id, reason)
+        self._services.events.add("job.lease_lost", f"job {self._delivery.job_id}: {reason}", level="WARN",
+                                  job_id=self._delivery.job_id)
+        self._on_lost("lease_lost")

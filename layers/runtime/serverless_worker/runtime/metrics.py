@@ -1,0 +1,45 @@
+"""Counters published as CloudWatch EMF through Powertools Metrics in Lambda, and kept
+in memory everywhere (the local runner and tests read them)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from typing import Any
+
+__all__ = ["Metrics", "metrics"]
+
+
+class Metrics:
+    """``add`` accumulates; ``flush`` emits one EMF record per invocation in Lambda."""
+
+    def __init__(self) -> None:
+        self.totals: Counter[str] = Counter()
+        self._pending: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._emf: Any = None
+
+    def add(self, name: str, value: float = 1) -> None:
+        if not value:
+            return
+        with self._lock:
+            self.totals[name] += value
+            self._pending[name] += value
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, Counter()
+        if not pending or not os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+            return
+        from aws_lambda_powertools import Metrics as EmfMetrics
+        from aws_lambda_powertools.metrics import MetricUnit
+
+        if self._emf is None:
+            self._emf = EmfMetrics()
+        for name, value in pending.items():
+            self._emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        self._emf.flush_metrics()
+
+
+metrics = Metrics()

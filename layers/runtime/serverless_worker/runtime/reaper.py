@@ -1,0 +1,71 @@
+"""Find deliveries stranded past their deadline and give each a definite outcome.
+
+Never started (recorded or dispatched, the executor never claimed it): hand back.
+Started but the executor vanished (killed, timed out hard): settle as a timeout, the
+same outcome as a handler that ran past its budget. Outcome stored but not reported,
+or reported but not acknowledged: finish settling. Each step first claims the item in
+the ledger with a conditional write, so a late executor and the reaper never both act.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from ..errors import ServerlessWorkerError
+from ..outcome import Outcome, OutcomeKind
+from .services import Services
+from .settle import acknowledge, hand_back, settle
+
+__all__ = ["ReapReport", "reap"]
+
+log = logging.getLogger("serverless_worker.reaper")
+
+
+@dataclass
+class ReapReport:
+    handed_back: int = 0
+    timed_out: int = 0
+    resettled: int = 0
+    failed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.handed_back + self.timed_out + self.resettled
+
+
+def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapReport:
+    """Settle up to ``limit`` stranded deliveries of this worker instance."""
+    store = services.store
+    report = ReapReport()
+    now = services.clock()
+    for item in store.stranded(services.protocol_name, services.instance, now)[:limit]:
+        epoch = f"reaper:{uuid.uuid4()}"
+        status = str(item.status)
+        try:
+            if status.endswith(("RECORDED", "DISPATCHED")):
+                if store.start_run(item.key, epoch=epoch, deadline=now + grace) is not None:
+                    hand_back(services, item.key, item.delivery, "never started before its deadline")
+                    report.handed_back += 1
+            elif status.endswith("RUNNING"):
+                if store.take_over(item.key, old_epoch=item.epoch, new_epoch=epoch, deadline=now + grace):
+                    outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="EXECUTOR_LOST",
+                                      message="the executor stopped before storing an outcome")
+                    store.store_outcome(item.key, epoch, outcome)
+                    settle(services, item.key, item.delivery, outcome)
+                    report.timed_out += 1
+            elif status.endswith("OUTCOME_STORED") and item.outcome is not None:
+                settle(services, item.key, item.delivery, item.outcome)
+                report.resettled += 1
+            elif status.endswith("REPORTED"):
+                acknowledge(services, item.key, item.delivery)
+                report.resettled += 1
+        except ServerlessWorkerError as err:
+            report.failed += 1
+            log.warning("could not reap %s: %s", item.key, err)
+    if report.total:
+        services.events.add("worker.reaped", f"settled {report.total} stranded deliveries", level="WARN",
+                            handed_back=report.handed_back, timed_out=report.timed_out,
+                            resettled=report.resettled)
+    return report

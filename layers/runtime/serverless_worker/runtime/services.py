@@ -1,0 +1,154 @@
+"""Everything one Lambda container (or the local runner) needs, built once.
+
+Clients are created lazily on first use and kept for the life of the container, as
+STYLE.md asks: never a new boto3 or HTTP client per invocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import SecretStr
+
+from ..errors import InvalidApiKeyError, SessionExpiredError
+from ..protocols.base import WorkerIdentity, WorkerProtocol
+from .dispatch import Dispatcher
+from .events import EventBuffer
+from .session import SessionKeeper
+
+__all__ = ["Services"]
+
+log = logging.getLogger("serverless_worker.runtime")
+T = TypeVar("T")
+
+
+@dataclass
+class Services:
+    """The runtime's dependencies. ``protocol`` is built on first use with the credential."""
+
+    settings: Any                      # serverless_worker.config.Settings
+    store: Any                         # serverless_worker.state.StateStore
+    registry: Any                      # serverless_worker.handlers.HandlerRegistry
+    dispatcher: Dispatcher | None = None
+    credential_source: Callable[[bool], SecretStr] | None = None
+    clock: Callable[[], float] = time.time
+    events: EventBuffer = field(default_factory=EventBuffer)
+    client_overrides: dict[str, Any] = field(default_factory=dict)
+    _protocol: WorkerProtocol | None = field(default=None, init=False, repr=False)
+    _credential: SecretStr | None = field(default=None, init=False, repr=False)
+    _keeper: SessionKeeper | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    # -- identity ------------------------------------------------------------
+    @property
+    def protocol_name(self) -> str:
+        return str(self.settings.protocol)
+
+    @property
+    def instance(self) -> str:
+        return str(self.settings.instance_id)
+
+    def handler_names(self) -> list[str]:
+        return list(self.settings.handlers) or list(self.registry.names())
+
+    def identity(self) -> WorkerIdentity:
+        from .. import __version__
+
+        return WorkerIdentity(worker_name="serverless-worker", instance_id=self.instance,
+                              handlers=self.handler_names(), version=__version__)
+
+    # -- protocol client -------------------------------------------------------
+    @property
+    def protocol(self) -> WorkerProtocol:
+        with self._lock:
+            if self._protocol is None:
+                self._protocol = self._build_protocol(refresh=False)
+            return self._protocol
+
+    def _build_protocol(self, refresh: bool) -> WorkerProtocol:
+        from ..protocols.factory import create_client
+
+        self._credential = self._read_credential(refresh)
+        client = create_client(self.settings, self._credential, **self.client_overrides)
+        if self._keeper is not None and self._keeper.session is not None:
+            client.use_session(self._keeper.session)
+        return client
+
+    def _read_credential(self, refresh: bool) -> SecretStr:
+        if self.credential_source is not None:
+            return self.credential_source(refresh)
+        from ..credentials import resolve_api_key
+
+        return resolve_api_key(self.settings, refresh=refresh)
+
+    @property
+    def keeper(self) -> SessionKeeper:
+        with self._lock:
+            if self._keeper is None:
+                self._keeper = SessionKeeper(
+                    store=self.store, protocol_name=self.protocol_name, instance=self.instance,
+                    identity=self.identity(), refresh_margin=self.settings.session_refresh_margin_seconds,
+                    clock=self.clock)
+            return self._keeper
+
+    def ensure_session(self) -> None:
+        self.keeper.ensure(self.protocol)
+
+    def call(self, fn: Callable[[WorkerProtocol], T]) -> T:
+        """Run ``fn(protocol)``, recovering once from a rejected session and once from a
+        rejected API key (re-read from Secrets Manager / SSM: it may have been rotated)."""
+        self.ensure_session()
+        try:
+            return fn(self.protocol)
+        except SessionExpiredError:
+            log.warning("worker session rejected; recovering")
+            self.events.add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped",
+                            level="WARN")
+            self.keeper.recover(self.protocol)
+            return fn(self.protocol)
+        except InvalidApiKeyError:
+            if not self._refresh_credential():
+                raise
+            return fn(self.protocol)
+
+    def _refresh_credential(self) -> bool:
+        """Re-read the key once; rebuild the client only when it changed."""
+        old = self._credential
+        fresh = self._read_credential(True)
+        if old is not None and fresh.get_secret_value() == old.get_secret_value():
+            return False
+        log.warning("API key rejected; using the re-read key")
+        with self._lock:
+            if self._protocol is not None:
+                self._protocol.close()
+            self._credential = fresh
+            from ..protocols.factory import create_client
+
+            self._protocol = create_client(self.settings, fresh, **self.client_overrides)
+            if self._keeper is not None and self._keeper.session is not None:
+                self._protocol.use_session(self._keeper.session)
+        return True
+
+    @contextmanager
+    def flushing_events(self) -> Iterator[None]:
+        """Send buffered worker events when the block ends (one call per invocation at most)."""
+        try:
+            yield
+        finally:
+            if len(self.events):
+                try:
+                    self.events.flush(self.protocol)
+                except Exception:  # events are best effort; never fail an invocation for them
+                    log.warning("worker events could not be flushed", exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._protocol is not None:
+                self._protocol.close()
+                self._protocol = None

@@ -1,0 +1,107 @@
+"""Turn a stored outcome into its protocol calls: report then acknowledge, hand back,
+or discard; and record each step in the ledger.
+
+The outcome is already in the ledger when this runs, so any invocation (a retried
+executor, the reaper, the state machine's report step) can settle it again without
+running the handler again. A report that cannot be sent now raises, leaving the item at
+OUTCOME_STORED for the next attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError
+from ..outcome import Outcome, OutcomeKind
+from ..protocols.base import Delivery, ReportReceipt
+from .services import Services
+
+__all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge"]
+
+log = logging.getLogger("serverless_worker.settle")
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What settling did, for logs, metrics and tests."""
+
+    action: str              # reported | handed_back | discarded
+    accepted: bool = True
+    detail: str = ""
+
+
+def settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
+    """Report + acknowledge, hand back or discard, as the outcome requires."""
+    if outcome.kind is OutcomeKind.NOT_STARTED:
+        return hand_back(services, key, delivery, outcome.message or "not started")
+    if outcome.kind is OutcomeKind.LEASE_LOST:
+        # Ownership moved to the server's recovery: no result from us, settle the delivery.
+        return discard(services, key, delivery, "lease lost while running")
+    receipt = report(services, key, delivery, outcome)
+    acknowledge(services, key, delivery)
+    _count(services, outcome)
+    return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
+
+
+def report(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
+    """Send the outcome (retries live in the client); a too-large result becomes a failure."""
+    try:
+        receipt = services.call(lambda p: p.report(delivery, outcome))
+    except PayloadTooLargeError as err:
+        log.error("result too large; reporting a failure instead: %s", err)
+        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE", message=str(err))
+        receipt = services.call(lambda p: p.report(delivery, fallback))
+    except ResultNotAcceptedError as err:
+        # Someone else (or the queue's timeout) finished the job first: a definite outcome.
+        receipt = ReportReceipt(accepted=False, status=err.item_status)
+        services.events.add("job.result_not_accepted", f"result for {delivery.job_id} not accepted: "
+                            f"{err.item_status}", level="WARN", job_id=delivery.job_id)
+    services.store.mark_reported(key, receipt)
+    return receipt
+
+
+def acknowledge(services: Services, key: str, delivery: Delivery) -> None:
+    try:
+        services.call(lambda p: p.acknowledge(delivery))
+    except NotFoundError as err:
+        # The token expired or was already settled: the result is in, recovery handles the rest.
+        log.warning("acknowledgement not found: %s", err)
+    services.store.mark_acknowledged(key)
+
+
+def hand_back(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
+    """Return an unstarted delivery without using an attempt."""
+    try:
+        services.call(lambda p: p.hand_back(delivery))
+    except NotFoundError as err:
+        log.warning("hand back found nothing to return: %s", err)
+    services.store.mark_handed_back(key, reason)
+    services.events.add("job.handed_back", f"job {delivery.job_id} handed back: {reason}",
+                        job_id=delivery.job_id)
+    _count(services, None, handed_back=1)
+    return Settlement("handed_back", detail=reason)
+
+
+def discard(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
+    """Drop a duplicate, stale or lost delivery without a result."""
+    try:
+        services.call(lambda p: p.discard(delivery))
+    except NotFoundError as err:
+        log.info("discard found nothing to settle: %s", err)
+    services.store.mark_discarded(key, reason)
+    _count(services, None, discarded=1)
+    return Settlement("discarded", detail=reason)
+
+
+def _count(services: Services, outcome: Outcome | None, **extra: Any) -> None:
+    deltas = dict(extra)
+    if outcome is not None:
+        deltas["processed"] = 1
+        if not outcome.is_success:
+            deltas["failed"] = 1
+    try:
+        services.store.add_counters(services.protocol_name, services.instance, **deltas)
+    except Exception:  # counters are informational; never fail a settled job over them
+        log.warning("counters not updated", exc_info=True)

@@ -1,0 +1,1 @@
+"""Test support shared by the tiers: the template, DynamoDB tables built from it, DynamoDB Local."""
