@@ -85,6 +85,9 @@ class LeaseKeeper:
 
     def _lose(self, reason: str) -> None:
         self.lost_reason = reason
+        from .metrics import metrics
+
+        metrics.add("LeasesLost", 1)
         log.warning("lease lost for job %s: %s", self._delivery.job_id, reason)
         self._services.events.add("job.lease_lost", f"job {self._delivery.job_id}: {reason}", level="WARN",
                                   job_id=self._delivery.job_id)

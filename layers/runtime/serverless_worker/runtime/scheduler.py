@@ -157,7 +157,7 @@ class Scheduler:
             until_heartbeat = self._next_heartbeat - services.clock()
             wait = max(1.0, min(settings.wait_seconds_long_poll, left - 0.5, until_heartbeat) / handlers)
         request = PullRequest(handler=handler, max_items=room, wait_seconds=wait,
-                              criteria=settings.criteria.get(handler) if settings.criteria else None)
+                              criteria=self._criteria(handler))
         report.pulls += 1
         try:
             deliveries = services.call(lambda p: p.pull(request))
@@ -219,6 +219,17 @@ class Scheduler:
                 log.warning("hand back after failed dispatch did not go through: %s", hand_err)
             return "failed_in_flight"
         return "dispatched"
+
+    def _criteria(self, handler: str) -> dict[str, Any] | None:
+        """SW_CRITERIA overrides what the handler declared with ``@handler(criteria=...)``."""
+        configured = (self.services.settings.criteria or {}).get(handler)
+        if configured is not None:
+            return dict(configured)
+        try:
+            declared = self.services.registry.get(handler).criteria
+        except Exception:
+            return None
+        return dict(declared) if declared else None
 
     def _long_running(self, handler: str) -> bool:
         try:

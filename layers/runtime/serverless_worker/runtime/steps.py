@@ -128,6 +128,10 @@ def renew(services: Services, event: dict[str, Any], context: LambdaContextLike)
             services.call(lambda p: p.renew(item.delivery))
         except LeaseRefusedError as refusal:
             store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}")
+            from .metrics import metrics
+
+            metrics.add("LeasesLost", 1)
+            metrics.flush()
             services.events.add("job.lease_lost", f"job {item.delivery.job_id}: {refusal.reason}", level="WARN")
             services.events.flush(services.protocol)
             return {"finished": True, "refused": True}
