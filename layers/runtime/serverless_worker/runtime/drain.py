@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import ProtocolError, ServerlessWorkerError
 from ..protocols.base import WorkerStatus
 from .services import Services
-from .settle import hand_back
+from .settle import hand_back, handback_epoch
 
 __all__ = ["DrainReport", "drain", "resume_pulling"]
 
@@ -52,7 +52,7 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
         # Hand back whatever never started: nothing to finish there.
         for item in store.in_flight(protocol_name, instance):
             if str(item.status).endswith(("RECORDED", "DISPATCHED")) and store.start_run(
-                    item.key, epoch=f"drain:{uuid.uuid4()}", deadline=now + 60) is not None:
+                    item.key, epoch=handback_epoch(), deadline=now + 60) is not None:
                 try:
                     hand_back(services, item.key, item.delivery, "worker draining")
                     report.handed_back += 1

@@ -38,6 +38,15 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> 
         item = services.store.start_run(ledger_key, epoch=context.aws_request_id, deadline=now + remaining + 30)
         if item is None:
             return resume(services, ledger_key)
+        if item.runs > 1:
+            # Lambda retries an async invocation with the same request id: a run under our
+            # epoch already started and died mid-handler. Never run the handler twice;
+            # settle it as a run that ran out of time.
+            outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="EXECUTOR_LOST",
+                              message="a previous attempt of this invocation died mid-handler")
+            services.store.store_outcome(ledger_key, context.aws_request_id, outcome)
+            settlement = settle(services, ledger_key, item.delivery, outcome)
+            return {"ledger_key": ledger_key, "action": settlement.action, "detail": "executor lost"}
         settlement = run_claimed(services, ledger_key, item.delivery, epoch=context.aws_request_id,
                                  remaining=lambda: context.get_remaining_time_in_millis() / 1000)
         return {"ledger_key": ledger_key, "action": settlement.action, "detail": settlement.detail}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import ServerlessWorkerError
 from ..outcome import Outcome, OutcomeKind
 from .services import Services
-from .settle import acknowledge, hand_back, settle
+from .settle import HANDBACK_PREFIX, acknowledge, hand_back, handback_epoch, settle
 
 __all__ = ["ReapReport", "reap"]
 
@@ -44,9 +44,15 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
         epoch = f"reaper:{uuid.uuid4()}"
         status = str(item.status)
         try:
-            if status.endswith(("RECORDED", "DISPATCHED")):
-                if store.start_run(item.key, epoch=epoch, deadline=now + grace) is not None:
+            if status.endswith(("RECORDED", "DISPATCHED", "DISPATCH_FAILED")):
+                if store.start_run(item.key, epoch=handback_epoch(), deadline=now + grace) is not None:
                     hand_back(services, item.key, item.delivery, "never started before its deadline")
+                    report.handed_back += 1
+            elif status.endswith("RUNNING") and str(item.epoch or "").startswith(HANDBACK_PREFIX):
+                # A hand-back whose call failed: the handler never ran, so hand back again.
+                if store.take_over(item.key, old_epoch=item.epoch, new_epoch=handback_epoch(),
+                                   deadline=now + grace):
+                    hand_back(services, item.key, item.delivery, "earlier hand-back did not complete")
                     report.handed_back += 1
             elif status.endswith("RUNNING"):
                 if store.take_over(item.key, old_epoch=item.epoch, new_epoch=epoch, deadline=now + grace):

@@ -28,7 +28,7 @@ from .context import LambdaContextLike
 from .dispatch import DispatchError
 from .reaper import reap
 from .services import Services
-from .settle import hand_back
+from .settle import hand_back, handback_epoch
 
 __all__ = ["TickReport", "Scheduler"]
 
@@ -212,7 +212,7 @@ class Scheduler:
         except DispatchError as err:
             log.warning("dispatch failed for %s: %s", delivery.job_id, err)
             try:
-                if services.store.start_run(key, epoch="dispatch-failed", deadline=deadline) is not None:
+                if services.store.start_run(key, epoch=handback_epoch(), deadline=deadline) is not None:
                     hand_back(services, key, delivery, f"dispatch failed: {err}")
                     return "failed"
             except ProtocolError as hand_err:

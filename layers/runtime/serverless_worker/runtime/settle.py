@@ -18,7 +18,19 @@ from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Delivery, ReportReceipt
 from .services import Services
 
-__all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge"]
+__all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",
+           "HANDBACK_PREFIX"]
+
+# Epochs of ledger claims taken only to hand a delivery back: the handler never ran
+# under them, so a claim stranded by a failed hand-back call is handed back again,
+# never settled as a run that died.
+HANDBACK_PREFIX = "handback:"
+
+
+def handback_epoch() -> str:
+    import uuid
+
+    return f"{HANDBACK_PREFIX}{uuid.uuid4()}"
 
 log = logging.getLogger("serverless_worker.settle")
 

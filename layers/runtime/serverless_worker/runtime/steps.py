@@ -18,7 +18,7 @@ from ..outcome import Outcome, OutcomeKind
 from .context import LambdaContextLike
 from .executor import _refused
 from .services import Services
-from .settle import acknowledge, discard, hand_back, report, settle
+from .settle import acknowledge, discard, hand_back, handback_epoch, report, settle
 
 __all__ = ["STEPS", "run_step"]
 
@@ -227,7 +227,7 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
     now = services.clock()
     error = event.get("error") or {}
     if status.endswith(("RECORDED", "DISPATCHED")):
-        if store.start_run(key, epoch=f"giveback:{uuid.uuid4()}", deadline=now + 60) is not None:
+        if store.start_run(key, epoch=handback_epoch(), deadline=now + 60) is not None:
             hand_back(services, key, item.delivery, f"state machine failed: {error.get('Error', '')}")
             return {"action": "handed_back"}
     if status.endswith("RUNNING"):

@@ -1,0 +1,193 @@
+"""Ledger statuses, the typed view of a ledger item, and conversion to DynamoDB's wire form.
+
+Top-level attributes are native DynamoDB types (they are read by conditions and the
+index). Documents (the delivery, outcome, checkpoint, report, session) are stored as
+JSON strings: DynamoDB numbers are not JSON numbers (no floats without ``Decimal``,
+38 digits at most), and a payload must come back exactly as the server sent it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+from ..outcome import Outcome
+from ..protocols.base import Delivery, ReportReceipt
+
+__all__ = [
+    "FINAL_STATUSES",
+    "IN_FLIGHT_STATUSES",
+    "DispatchMode",
+    "LedgerItem",
+    "LedgerStatus",
+    "dumps",
+    "from_item",
+    "item_size",
+    "to_attribute",
+    "to_item",
+]
+
+
+class LedgerStatus(StrEnum):
+    """Where a delivery is in its life. The value is the name, as stored."""
+
+    RECORDED = "RECORDED"                # in the ledger, not yet handed to an executor
+    DISPATCHED = "DISPATCHED"            # executor invoked / execution started
+    DISPATCH_FAILED = "DISPATCH_FAILED"  # the fan-out failed; to be handed back (reaper picks it up)
+    RUNNING = "RUNNING"                  # claimed by the run holding `epoch`
+    OUTCOME_STORED = "OUTCOME_STORED"    # outcome saved; report it (again) but never re-run
+    REPORTED = "REPORTED"                # the server has the outcome; acknowledge it
+    ACKNOWLEDGED = "ACKNOWLEDGED"        # final: done
+    HANDED_BACK = "HANDED_BACK"          # final: returned unstarted (or lease lapsed)
+    DISCARDED = "DISCARDED"              # final: duplicate, stale or refused; dropped unrun
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset({LedgerStatus.ACKNOWLEDGED, LedgerStatus.HANDED_BACK, LedgerStatus.DISCARDED})
+IN_FLIGHT_STATUSES = frozenset(set(LedgerStatus) - FINAL_STATUSES)
+
+
+class DispatchMode(StrEnum):
+    INVOKE = "invoke"                # one async executor invocation
+    STATE_MACHINE = "state_machine"  # one Step Functions execution (long-running handlers)
+
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def dumps(document: Any) -> str:
+    """Compact JSON, non-ASCII kept as is (UTF-8 is what DynamoDB counts)."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+
+def to_attribute(value: Any) -> dict[str, Any]:
+    """One Python scalar as an AttributeValue (floats go through ``Decimal(repr(x))``)."""
+    if isinstance(value, float):
+        value = Decimal(repr(value))
+    return _serializer.serialize(value)
+
+
+def to_item(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {name: to_attribute(value) for name, value in attributes.items() if value is not None}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def from_item(item: dict[str, Any]) -> dict[str, Any]:
+    return {name: _plain(_deserializer.deserialize(value)) for name, value in item.items()}
+
+
+def _number_size(text: str) -> int:
+    digits = text.lstrip("-").split("e")[0].split("E")[0].replace(".", "").strip("0")
+    return (max(1, len(digits)) + 1) // 2 + 1
+
+
+def _value_size(value: dict[str, Any]) -> int:
+    (kind, data), = value.items()
+    if kind == "S":
+        return len(data.encode("utf-8"))
+    if kind == "N":
+        return _number_size(data)
+    if kind == "B":
+        return len(data)
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "SS":
+        return sum(len(s.encode("utf-8")) for s in data)
+    if kind == "NS":
+        return sum(_number_size(n) for n in data)
+    if kind == "BS":
+        return sum(len(b) for b in data)
+    if kind == "L":
+        return 3 + sum(1 + _value_size(v) for v in data)
+    if kind == "M":
+        return 3 + sum(1 + len(k.encode("utf-8")) + _value_size(v) for k, v in data.items())
+    raise ValueError(f"unknown AttributeValue type {kind!r}")
+
+
+def item_size(item: dict[str, Any]) -> int:
+    """DynamoDB's size of an item in wire form: attribute names plus values, in bytes."""
+    return sum(len(name.encode("utf-8")) + _value_size(value) for name, value in item.items())
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text is not None else None
+
+
+@dataclass(frozen=True)
+class LedgerItem:
+    """One delivery's ledger entry, typed. ``key`` is the ledger key (``delivery#...``)."""
+
+    key: str
+    status: LedgerStatus
+    delivery: Delivery
+    instance: str
+    dispatch_mode: DispatchMode
+    attempt: int
+    recorded_at: float
+    updated_at: float
+    epoch: str | None = None
+    deadline: float | None = None        # set only while in flight (the index's range key)
+    runs: int = 0                        # how many times start_run claimed it (slices, retries)
+    renewals: int = 0                    # renew_deadline calls by the current epoch
+    outcome: Outcome | None = None
+    checkpoint: Any = None               # a continuation's checkpoint (JSON), cleared with the outcome
+    report: ReportReceipt | None = None
+    error: str | None = None             # why it was handed back, discarded or not dispatched
+    cancel_reason: str | None = None     # set by request_cancel: the run must stop
+    handover_requested: bool = False     # set by request_handover: continue as a new execution
+    callback_token: str | None = field(default=None, repr=False)  # Step Functions task token
+    ttl: int | None = None
+
+    @property
+    def protocol(self) -> str:
+        return self.delivery.protocol
+
+    @property
+    def handler(self) -> str:
+        return self.delivery.handler
+
+    @property
+    def is_final(self) -> bool:
+        return self.status.is_final
+
+    @classmethod
+    def from_attributes(cls, attrs: dict[str, Any]) -> LedgerItem:
+        """Build from a deserialized item (``from_item``)."""
+        outcome = _loads(attrs.get("outcome"))
+        report = _loads(attrs.get("report"))
+        return cls(
+            key=attrs["pk"],
+            status=LedgerStatus(attrs["status"]),
+            delivery=Delivery.from_record(json.loads(attrs["delivery"])),
+            instance=attrs["instance"],
+            dispatch_mode=DispatchMode(attrs["dispatch_mode"]),
+            attempt=int(attrs["attempt"]),
+            recorded_at=float(attrs["recorded_at"]),
+            updated_at=float(attrs["updated_at"]),
+            epoch=attrs.get("epoch"),
+            deadline=float(attrs["deadline"]) if "deadline" in attrs else None,
+            runs=int(attrs.get("runs", 0)),
+            renewals=int(attrs.get("renewals", 0)),
+            outcome=Outcome.model_validate(outcome) if outcome is not None else None,
+            checkpoint=_loads(attrs.get("checkpoint")),
+            report=ReportReceipt.model_validate(report) if report is not None else None,
+            error=attrs.get("error"),
+            cancel_reason=attrs.get("cancel_reason"),
+            handover_requested=bool(attrs.get("handover_requested", False)),
+            callback_token=attrs.get("callback_token"),
+            ttl=int(attrs["ttl"]) if "ttl" in attrs else None,
+        )
