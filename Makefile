@@ -12,11 +12,16 @@ VENV ?= .venv
 SAM_VENV ?= .venv-sam
 # aws-sam-cli pins boto3 to one exact version, so it gets a venv of its own.
 SAM_CLI_VERSION ?= 1.170.0
+# The IAM policy scanner, in a venv of its own too (its pins clash with both others).
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION ?= 3.3.30
 AWS_REGION ?= us-east-1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="tests/cli -x"
 PYTEST_ARGS ?=
 # Extra arguments for the main command, e.g. make run RUN_ARGS=--help
 RUN_ARGS ?=
+# Extra benchmark arguments, e.g. make bench BENCH_ARGS=--quick
+BENCH_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_PROGRESS_BAR := off
@@ -29,6 +34,9 @@ DEPS_KEY := $(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
 VENV_STAMP := $(VENV)/.installed-$(DEPS_KEY)
 SAM_STAMP := $(SAM_VENV)/.installed-aws-sam-cli-$(SAM_CLI_VERSION)
 SAM := $(SAM_VENV)/bin/sam
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-checkov-$(CHECKOV_VERSION)
+# SAM's expansion of template.yaml (policy templates become IAM statements), for the scan.
+IAM_SCAN_CFN := .aws-sam/iam-scan/template.json
 
 # $(call fresh_venv,DIR): (re)create DIR unless it is a working venv of $(PYTHON)'s exact
 # version (a pyenv patch upgrade leaves old venvs pointing at a missing interpreter).
@@ -41,10 +49,10 @@ define fresh_venv
 	@rm -f $(1)/.installed-*
 endef
 
-.PHONY: help venv sam-venv test run lint ruff mypy sam-validate sam-build clean distclean
+.PHONY: help venv sam-venv checkov-venv test run bench lint ruff mypy sam-validate sam-build sam-local-invoke iam-scan clean distclean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 venv: $(VENV_STAMP) ## create or refresh .venv (the package, editable, with the dev extras)
 
@@ -60,6 +68,13 @@ $(SAM_STAMP):
 	$(SAM_VENV)/bin/python -m pip install -qq "aws-sam-cli==$(SAM_CLI_VERSION)"
 	@touch "$@"
 
+checkov-venv: $(CHECKOV_STAMP) ## create or refresh .venv-checkov (checkov, the IAM policy scanner)
+
+$(CHECKOV_STAMP):
+	$(call fresh_venv,$(CHECKOV_VENV))
+	$(CHECKOV_VENV)/bin/python -m pip install -qq "checkov==$(CHECKOV_VERSION)"
+	@touch "$@"
+
 # pytest's exit 5 ("no tests ran") is non-zero, so it fails this target too. Every test
 # server listens on a port the OS picks, so xdist workers never collide.
 test: venv ## run every test tier in parallel (installs DynamoDB Local first when the project has it)
@@ -70,6 +85,12 @@ test: venv ## run every test tier in parallel (installs DynamoDB Local first whe
 # with the runtime; until then this target fails with "invalid choice: 'local'".
 run: venv ## run the demo worker locally against the built-in sandboxes
 	$(VENV)/bin/serverless-worker local $(RUN_ARGS)
+
+# Throughput, calls and DynamoDB requests per job, cold start, latency, cost and dispatch rate,
+# in one run (under ten minutes; BENCH_ARGS=--quick: about two). Table on stdout, JSON in
+# bench-results/bench.json. Run it on an otherwise idle machine: it measures CPU-bound code.
+bench: venv ## benchmarks: throughput, calls/job, cold start, latency, cost (BENCH_ARGS=--quick)
+	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
 lint: ruff mypy ## ruff and mypy
 
@@ -85,9 +106,29 @@ sam-validate: sam-venv ## sam validate --lint on template.yaml
 sam-build: sam-venv ## sam build (the layer and the functions, with the machine's python3.11)
 	$(SAM) build
 
+# sam build, then `sam local invoke` of every function with each of its events/ files in a
+# Lambda container, checking the outcome (scripts/sam_local_invoke.py says what). Machines
+# without Docker get podman through the shared shim beside this repository; set
+# SAM_LOCAL_PODMAN= (empty) to use a Docker engine that is already running instead.
+SAM_LOCAL_PODMAN ?= $(abspath $(CURDIR)/..)/shared/tools/sam-local-podman.sh
+sam-local-invoke: venv sam-venv ## sam build + sam local invoke every function with its events (container)
+	SAM_LOCAL_PODMAN="$(SAM_LOCAL_PODMAN)" $(VENV)/bin/python scripts/sam_local_invoke.py \
+		--sam $(SAM) --sam-python $(SAM_VENV)/bin/python
+
+# checkov on template.yaml itself and on its SAM expansion: the IAM statements SAM generates
+# (policy templates, tracing, destinations) exist only in the latter. scripts/checkov adds
+# CKV_SW_1: no wildcard action, and Resource "*" only where AWS has no narrower resource.
+# Suppressions live in template.yaml as Metadata checkov skips, each with its reason.
+# --skip-download keeps it offline (no Prisma Cloud guideline lookups).
+iam-scan: sam-venv checkov-venv ## scan template.yaml's IAM and resources with checkov (least privilege)
+	$(SAM_VENV)/bin/python scripts/sam_to_cfn.py template.yaml $(IAM_SCAN_CFN)
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation \
+		--external-checks-dir scripts/checkov -f template.yaml -f $(IAM_SCAN_CFN)
+
 clean: ## remove build output and caches (keeps the venvs)
 	rm -rf .aws-sam .pytest_cache .mypy_cache .ruff_cache layers/runtime/*.egg-info
-	find . -path ./$(VENV) -prune -o -path ./$(SAM_VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -path ./$(SAM_VENV) -prune -o -path ./$(CHECKOV_VENV) -prune \
+		-o -name __pycache__ -type d -prune -exec rm -rf {} +
 
-distclean: clean ## clean, and remove both venvs
-	rm -rf $(VENV) $(SAM_VENV)
+distclean: clean ## clean, and remove the venvs
+	rm -rf $(VENV) $(SAM_VENV) $(CHECKOV_VENV)

@@ -34,7 +34,8 @@ class Env:
         if self.protocol == "pipelogiq":
             return self.admin.seed({"handler": handler, "inputs": inputs, "options": options})
         if self.protocol == "priostack":
-            return self.admin.seed({"jobs": [{"type": handler, "variables": v, "retries": options.get("retries", 3)}
+            retries = options.get("retries", 3)
+            return self.admin.seed({"jobs": [{"type": handler, "variables": v, "retries": retries}
                                              for v in inputs]})
         return self.admin.seed({"queue": handler, "items": inputs})
 
@@ -48,7 +49,8 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Env]]:
 
     def _make(protocol: str, *, handlers: list[str] | None = None, sandbox: dict[str, Any] | None = None,
               settings: dict[str, Any] | None = None, handler_module: str | None = None) -> Env:
-        server = SandboxServer(create_sandbox(protocol, **{**SANDBOX_CONFIG[protocol], **(sandbox or {})})).start()
+        config = {**SANDBOX_CONFIG[protocol], **(sandbox or {})}
+        server = SandboxServer(create_sandbox(protocol, **config)).start()
         admin = SandboxAdmin(server.url)
         stack = WorkerStack.start(monkeypatch, protocol=protocol, base_url=server.url,
                                   api_key=CREDENTIALS[protocol], handlers=handlers, settings=settings,
@@ -64,3 +66,16 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Env]]:
         finally:
             env.admin.close()
             env.server.stop()
+
+
+@pytest.fixture
+def recorder() -> Any:
+    """The run recorder of tests/aws/handlers_e2e.py, reset: the same module object the
+    executors load by path (``load_handlers`` caches it under its private name)."""
+    from e2e_support import HANDLERS_PATH
+
+    from serverless_worker.handlers import load_handlers
+
+    module = load_handlers(HANDLERS_PATH)
+    module.RECORDER.reset()
+    return module.RECORDER

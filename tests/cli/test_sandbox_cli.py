@@ -21,6 +21,7 @@ from typing import IO
 
 import pytest
 import requests
+
 from serverless_worker import __version__
 from serverless_worker.cli.sandbox import DEMO_SEEDS
 from serverless_worker.sandbox import SANDBOXES

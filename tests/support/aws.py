@@ -13,10 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -27,12 +28,15 @@ import boto3
 import pytest
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.dynamodb.responses import DynamoHandler
+
+from serverless_worker.local.template import param_default, state_machine_definition
 
 from .dynamodb import create_state_table
 from .moto_lambda import InProcessLambda, abort_running_executions, dummy_zip, patch_definite_jsonpaths
 from .template import TEMPLATE_PATH, load_template
 
-__all__ = ["REGION", "MOTO_CONFIG", "WorkerStack", "FUNCTIONS"]
+__all__ = ["FUNCTIONS", "MOTO_CONFIG", "REGION", "WorkerStack"]
 
 REGION = "us-east-1"
 MOTO_CONFIG: Any = {"lambda": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}
@@ -50,12 +54,6 @@ def _load_entry(code_uri: str, handler: str) -> Callable[[Any, Any], Any]:
     module: ModuleType = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, function)  # type: ignore[no-any-return]
-
-
-def _param_default(template: dict[str, Any], value: Any) -> Any:
-    if isinstance(value, dict) and "Ref" in value:
-        return template["Parameters"][value["Ref"]]["Default"]
-    return value
 
 
 @dataclass
@@ -97,11 +95,14 @@ class WorkerStack:
         stack.enter_context(mock_aws(config=MOTO_CONFIG))
         stack.enter_context(mock.patch.object(LambdaSimpleBackend, "invoke", invoke))
         # Retry IntervalSeconds are real sleeps in moto: record them instead.
-        stack.enter_context(mock.patch.object(retrier_decl, "time", SimpleNamespace(sleep=retry_sleeps.append)))
+        sleeps = SimpleNamespace(sleep=retry_sleeps.append)
+        stack.enter_context(mock.patch.object(retrier_decl, "time", sleeps))
         patch_definite_jsonpaths(stack)
+        serialize_dynamodb(stack)
 
         iam = boto3.client("iam", region_name=REGION)
-        role = iam.create_role(RoleName=f"sw-{uuid.uuid4().hex[:6]}", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        role = iam.create_role(RoleName=f"sw-{uuid.uuid4().hex[:6]}",
+                               AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         table = create_state_table(dynamodb).name
         lambda_client = boto3.client("lambda", region_name=REGION)
@@ -114,19 +115,17 @@ class WorkerStack:
             props = resources[logical]["Properties"]
             entry = _load_entry(props.get("CodeUri", globals_.get("CodeUri")), props["Handler"])
             fn_name = f"{logical}-{uuid.uuid4().hex[:6]}"
-            timeout = int(_param_default(template, props.get("Timeout", globals_.get("Timeout", 3))))
+            timeout = int(param_default(template, props.get("Timeout", globals_.get("Timeout", 3))))
             lambdas.register(fn_name, entry)
             lambda_client.create_function(FunctionName=fn_name, Runtime=globals_.get("Runtime", "python3.11"),
                                           Role=role, Handler=props["Handler"], Code={"ZipFile": dummy_zip()},
                                           Timeout=timeout, MemorySize=256)
             names[logical] = fn_name
-        steps_arn = lambda_client.get_function(FunctionName=names["StepsFunction"])["Configuration"]["FunctionArn"]
-        sm_props = resources["WorkerStateMachine"]["Properties"]
-        definition = (ROOT / sm_props["DefinitionUri"]).read_text()
-        for key in sm_props.get("DefinitionSubstitutions", {}):
-            # moto does not apply DefinitionSubstitutions; every key maps to a function ARN here.
-            assert key == "StepsFunctionArn", f"unmapped substitution {key}"
-            definition = definition.replace("${" + key + "}", steps_arn)
+        steps = lambda_client.get_function(FunctionName=names["StepsFunction"])
+        steps_arn = steps["Configuration"]["FunctionArn"]
+        # moto does not apply DefinitionSubstitutions; this refuses a key without a value.
+        definition = state_machine_definition("WorkerStateMachine", {"StepsFunctionArn": steps_arn},
+                                              TEMPLATE_PATH)
         sm_arn = sfn.create_state_machine(name=f"worker-{uuid.uuid4().hex[:6]}", definition=definition,
                                           roleArn=role, type="STANDARD")["stateMachineArn"]
 
@@ -163,7 +162,8 @@ class WorkerStack:
                                              Payload=json.dumps(event or {}).encode())
         payload = json.loads(response["Payload"].read() or b"null")
         if response.get("FunctionError"):
-            raise AssertionError(f"{logical} failed: {payload.get('errorType')}: {payload.get('errorMessage')}")
+            raise AssertionError(
+                f"{logical} failed: {payload.get('errorType')}: {payload.get('errorMessage')}")
         return payload
 
     def services(self) -> Any:
@@ -201,14 +201,29 @@ class WorkerStack:
             abort_running_executions()
             self.lambdas.drain(10)
         finally:
-            try:
+            with suppress(Exception):
                 self.services().close()
-            except Exception:
-                pass
             reset_services()
             self._stack.close()
         if self.lambdas.background_errors:
             raise self.lambdas.background_errors[0]
+
+
+def serialize_dynamodb(stack: ExitStack) -> None:
+    """Make each moto DynamoDB request atomic, as DynamoDB makes each conditional write.
+
+    moto checks a ``ConditionExpression`` and then writes, with no lock in between, so two
+    executor threads could both pass the same condition (both claim one delivery, both
+    record one duplicate). Real DynamoDB never lets that happen; the runtime relies on it.
+    """
+    lock = threading.RLock()
+    original = DynamoHandler.call_action
+
+    def call_action(self: DynamoHandler) -> Any:
+        with lock:
+            return original(self)
+
+    stack.enter_context(mock.patch.object(DynamoHandler, "call_action", call_action))
 
 
 def getenv(name: str) -> str | None:

@@ -68,35 +68,71 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True,
                                       validate_default=True)
 
-    protocol: Protocol = "pipelogiq"
-    base_url: str
+    protocol: Protocol = Field(
+        "pipelogiq", description="Worker protocol of the job server: pipelogiq, priostack or claimqueue.")
+    base_url: str = Field(
+        description="Job server base URL: https://, or http:// to loopback (or with allow_insecure_http).")
     # Credentials: SW_API_KEY locally; in AWS a Secrets Manager secret or an SSM SecureString.
-    api_key: SecretStr | None = None
-    api_key_secret_arn: str | None = None
-    api_key_parameter: str | None = None
-    handlers: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    handler_module: str = "functions.handlers"
-    criteria: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(default_factory=dict)
+    api_key: SecretStr | None = Field(
+        None, description="The API key or bearer token itself: local use only, never a CLI flag "
+                          "(the local command reads it from the variable named by --api-key-env).")
+    api_key_secret_arn: str | None = Field(
+        None, description="Secrets Manager secret holding the API key (the bare key or JSON with api_key).")
+    api_key_parameter: str | None = Field(
+        None, description="SSM SecureString parameter holding the API key (instead of a secret).")
+    handlers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Handler names to pull for (a,b or a JSON list); empty means "
+                                          "every registered handler.")
+    handler_module: str = Field(
+        "functions.handlers", description="Module, package directory or .py file that registers the "
+                                          "@handler functions.")
+    criteria: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(
+        default_factory=dict, description='Claim-queue criteria per handler as JSON, '
+                                          '{"resize": {"format": "jpg"}}; overrides @handler(criteria=...).')
     instance_id: str = Field("serverless-worker", min_length=1, max_length=128,
-                             pattern=r"^[A-Za-z0-9._:\-]+$")
-    batch_size: int = Field(10, ge=1, le=1000)
-    max_in_flight: int = Field(50, ge=1)
-    poll_window_seconds: float = Field(50, ge=0, le=840)
-    schedule_seconds: int = Field(60, ge=1)
-    lease_renew_seconds: float = Field(30, gt=0)
-    wait_seconds_long_poll: float = Field(20, ge=0, le=20)   # Pipelogiq accepts 0-20
-    session_ttl_seconds: float = Field(86400, gt=0)
-    session_refresh_margin_seconds: float = Field(3600, ge=0)
-    dispatch_timeout_seconds: float = Field(420, gt=0)       # a recorded delivery not started by then is stranded
-    executor_function_name: str | None = None
-    state_machine_arn: str | None = None
-    table_name: str | None = None
-    executor_reserved_concurrency: int | None = Field(None, ge=1)
-    report_margin_seconds: float = Field(10, ge=0)           # kept free to store and report the outcome
-    allow_insecure_http: bool = False
-    log_level: str = "INFO"
-    connect_timeout: float = Field(3.05, gt=0)
-    read_timeout: float = Field(10, gt=0)
+                             pattern=r"^[A-Za-z0-9._:\-]+$",
+                             description="Worker instance id: names the session, the ledger scope and "
+                                         "the worker on the job server.")
+    batch_size: int = Field(10, ge=1, le=1000, description="Most deliveries taken per pull call.")
+    max_in_flight: int = Field(50, ge=1, description="Most deliveries in flight at once across executors.")
+    poll_window_seconds: float = Field(50, ge=0, le=840,
+                                       description="How long one scheduler tick keeps pulling and "
+                                                   "heartbeating; below the schedule period.")
+    schedule_seconds: int = Field(60, ge=1, description="Period of the scheduler schedule, in seconds.")
+    lease_renew_seconds: float = Field(30, gt=0, description="Lease renewal interval while a job runs; "
+                                                            "also the long-running path's renew loop.")
+    wait_seconds_long_poll: float = Field(20, ge=0, le=20,   # Pipelogiq accepts 0-20
+                                          description="Long-poll wait of one pull (Pipelogiq, 0-20 seconds).")
+    session_ttl_seconds: float = Field(86400, gt=0, description="Assumed worker session lifetime when "
+                                                                "the server does not say (Pipelogiq).")
+    session_refresh_margin_seconds: float = Field(3600, ge=0, description="Re-bootstrap the session this "
+                                                                          "long before it expires.")
+    dispatch_timeout_seconds: float = Field(  # a recorded delivery not started by then is stranded
+        420, gt=0, description="A recorded delivery no executor started by then is reaped (handed back).")
+    executor_function_name: str | None = Field(None, description="Executor Lambda the scheduler invokes "
+                                                                 "(set by the stack).")
+    state_machine_arn: str | None = Field(None, description="Long-running state machine (set by the stack).")
+    table_name: str | None = Field(None, description="State table (set by the stack; the local command "
+                                                     "makes its own).")
+    executor_reserved_concurrency: int | None = Field(
+        None, ge=1, description="Most executors running at once; the scheduler never pulls more. "
+                                "Locally: the executor thread pool's size.")
+    report_margin_seconds: float = Field(  # kept free to store and report the outcome
+        10, ge=0, description="Time kept free after the handler to store and report its outcome.")
+    allow_insecure_http: bool = Field(False, description="Allow plain http:// to a non-loopback job server.")
+    log_level: str = Field("INFO", description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    connect_timeout: float = Field(3.05, gt=0, description="HTTP connect timeout, seconds.")
+    read_timeout: float = Field(10, gt=0, description="HTTP read timeout, seconds (a long poll adds its "
+                                                      "wait).")
+    # The local command only (a long-lived process); Lambda ignores these.
+    transport: Literal["http", "socket"] = Field(
+        "http", description="Claim-queue transport of the local command: http, or socket (the work "
+                            "WebSocket; one process claims and runs). Lambda always uses http.")
+    until_idle_seconds: float | None = Field(
+        None, gt=0, description="Local command: drain and exit once nothing runs and no job arrived for "
+                                "this long; unset runs until Ctrl-C (the built-in demo defaults to 3).")
+    drain_grace_seconds: float = Field(60, ge=0, description="How long a drain waits for running jobs "
+                                                             "before giving up on them.")
 
     def __init__(self, **values: Any) -> None:
         try:

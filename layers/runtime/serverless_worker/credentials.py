@@ -49,6 +49,8 @@ def resolve_api_key(settings: Settings, *, refresh: bool = False) -> SecretStr:
 def _read(source: str, fetch: Any) -> Any:
     from aws_lambda_powertools.utilities import parameters
 
+    from . import logsafety  # noqa: F401  (botocore must not log the secret's value)
+
     try:
         return fetch(parameters)
     except Exception as err:

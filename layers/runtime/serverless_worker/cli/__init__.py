@@ -26,7 +26,11 @@ PROG = "serverless-worker"
 
 # Modules of this package, one per subcommand, in the order ``--help`` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
+    "local",
     "sandbox",
+    "invoke",
+    "drain",
+    "config",
 )
 
 # Exit status for usage and configuration errors, the same one argparse uses.

@@ -180,9 +180,12 @@ class HttpTransport:
                                          params=params, timeout=timeout, stream=True,
                                          allow_redirects=False)  # credentials must not follow a redirect
             try:
-                body = resp.raw.read(self.max_response_bytes + 1, decode_content=True)
+                body = self._read_body(resp, timeout[1], endpoint)
+                wire_bytes = resp.raw.tell()
             finally:
                 resp.close()
+        except ServerUnavailableError:
+            raise
         except (requests.exceptions.ConnectTimeout, requests.exceptions.ProxyError) as err:
             raise ServerUnavailableError("could not connect", endpoint=endpoint, ambiguous=False) from err
         except requests.exceptions.ConnectionError as err:
@@ -197,11 +200,37 @@ class HttpTransport:
             raise ProtocolViolationError(f"response larger than {self.max_response_bytes} bytes",
                                          endpoint=endpoint, status=resp.status_code)
         declared = resp.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) != len(body):
+        # Content-Length counts the bytes on the wire, before any Content-Encoding is undone.
+        if declared is not None and declared.isdigit() and int(declared) != wire_bytes:
             raise ServerUnavailableError("response truncated", endpoint=endpoint, ambiguous=True)
         log.debug("http %s %s -> %s in %.1f ms", method, endpoint, resp.status_code,
                   (time.monotonic() - started) * 1000)
         return HttpResponse(resp.status_code, CaseInsensitiveDict(resp.headers), body, endpoint)
+
+    def _read_body(self, resp: requests.Response, read_timeout: float, endpoint: str) -> bytes:
+        """At most ``max_response_bytes + 1`` bytes of the body, decoded, within ``read_timeout``.
+
+        The socket timeout alone bounds only the gap between two bytes: a server that
+        trickles a byte every few seconds would hold the call for ever. So the whole body
+        must arrive within the read timeout of its headers (a long poll waits before the
+        headers, so its wait is not counted here).
+        """
+        limit = self.max_response_bytes + 1
+        deadline = time.monotonic() + read_timeout
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit:
+            chunk = resp.raw.read1(min(65536, limit - size), decode_content=True)
+            if chunk:
+                chunks.append(chunk)
+                size += len(chunk)
+            elif resp.raw.closed:  # the whole body is in
+                break
+            if time.monotonic() > deadline:
+                raise ServerUnavailableError(
+                    f"response body not complete {read_timeout:g}s after its headers", endpoint=endpoint,
+                    ambiguous=True)
+        return b"".join(chunks)
 
     def raise_for_transient(self, response: HttpResponse) -> None:
         """Raise RateLimitedError for 429 and ServerUnavailableError for 5xx."""

@@ -415,8 +415,11 @@ class ClaimQueueClient(WorkerProtocol):
         try:
             return model.model_validate(data)
         except ValidationError as err:
-            raise ProtocolViolationError(f"malformed {endpoint} answer", endpoint=endpoint,
-                                         status=200) from err
+            # `from None`: pydantic's error quotes the answer, item payload included.
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(answer)'}: {e['msg']}"
+                                 for e in err.errors(include_input=False, include_url=False)[:5])
+            raise ProtocolViolationError(f"malformed {endpoint} answer ({problems})", endpoint=endpoint,
+                                         status=200) from None
 
     @staticmethod
     def _path(key: str, queue: str, item_id: str | None = None) -> str:

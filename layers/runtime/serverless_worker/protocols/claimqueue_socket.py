@@ -235,6 +235,8 @@ class ClaimQueueSocket:
     def _model(model: type[Any], data: dict[str, Any], *, endpoint: str) -> Any:
         try:
             return model.model_validate(data)
-        except ValidationError as err:
-            raise ProtocolViolationError(f"malformed {data.get('type')!r} message on the work socket",
-                                         endpoint=endpoint) from err
+        except ValidationError:
+            # `from None`: pydantic's error quotes the message, item payload included.
+            kind = str(data.get("type"))[:40]
+            raise ProtocolViolationError(f"malformed {kind!r} message on the work socket",
+                                         endpoint=endpoint) from None

@@ -209,9 +209,10 @@ class PriostackClient(WorkerProtocol):
         self._raise_for_status(response)
         try:
             jobs = ActivateResponse.model_validate(response.json()).jobs
-        except ValidationError as err:
+        except ValidationError:
+            # `from None`: pydantic's error would quote the whole answer, variables included.
             raise ProtocolViolationError("activation answer has no jobs list", endpoint="activate",
-                                         status=response.status) from err
+                                         status=response.status) from None
         deliveries = [d for d in (self._decode(raw, request.handler) for raw in jobs) if d is not None]
         if len(deliveries) > request.max_items:
             # More than asked for: hand the surplus straight back (no attempt used) rather

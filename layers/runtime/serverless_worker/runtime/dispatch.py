@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -51,31 +52,40 @@ class AwsDispatcher(Dispatcher):
         self._state_machine = state_machine_arn
         self._lambda = lambda_client
         self._sfn = sfn_client
+        # The scheduler dispatches from a pool of threads, and creating a boto3 client on
+        # the shared default session is not thread-safe: build each client once, locked.
+        self._clients_lock = threading.Lock()
 
     def invoke_executor(self, ledger_key: str) -> None:
         if not self._function:
             raise DispatchError("no executor function configured (SW_EXECUTOR_FUNCTION_NAME)")
         import botocore.exceptions
 
-        if self._lambda is None:
-            import boto3
-
-            self._lambda = boto3.client("lambda")
         try:
-            self._lambda.invoke(FunctionName=self._function, InvocationType="Event",
-                                Payload=json.dumps(executor_event(ledger_key)).encode())
+            self.lambda_client.invoke(FunctionName=self._function, InvocationType="Event",
+                                      Payload=json.dumps(executor_event(ledger_key)).encode())
         except botocore.exceptions.BotoCoreError as err:
             raise DispatchError(f"invoke failed: {type(err).__name__}") from err
         except botocore.exceptions.ClientError as err:
             raise DispatchError(f"invoke failed: {err.response['Error'].get('Code')}") from err
 
     @property
-    def sfn_client(self) -> Any:
-        if self._sfn is None:
-            import boto3
+    def lambda_client(self) -> Any:
+        with self._clients_lock:
+            if self._lambda is None:
+                import boto3
 
-            self._sfn = boto3.client("stepfunctions")
-        return self._sfn
+                self._lambda = boto3.client("lambda")
+            return self._lambda
+
+    @property
+    def sfn_client(self) -> Any:
+        with self._clients_lock:
+            if self._sfn is None:
+                import boto3
+
+                self._sfn = boto3.client("stepfunctions")
+            return self._sfn
 
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
         if not self._state_machine:
@@ -95,9 +105,15 @@ class AwsDispatcher(Dispatcher):
 
 
 def _execution_name(ledger_key: str, handover_epoch: str | None) -> str:
-    """Deterministic per delivery (so a retried start is idempotent), at most 80 chars."""
+    """At most 80 chars. A continue-as-new is named after its (unique) successor epoch, so a
+    retried handover starts it once. A first execution gets a fresh name: a delivery handed
+    back and delivered again keeps its ledger key, and a reused name would make its start a
+    silent no-op (names stay taken for 90 days). A doubled first start is harmless: the
+    ledger claim lets one execution run and the other ends at once."""
     import hashlib
+    import uuid
 
-    digest = hashlib.sha256(f"{ledger_key}|{handover_epoch or ''}".encode()).hexdigest()[:24]
+    seed = handover_epoch or f"first:{uuid.uuid4()}"
+    digest = hashlib.sha256(f"{ledger_key}|{seed}".encode()).hexdigest()[:24]
     readable = _NAME_SAFE.sub("-", ledger_key)[:50]
     return f"{readable}-{digest}"

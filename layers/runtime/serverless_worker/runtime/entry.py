@@ -3,20 +3,25 @@ environment, run one tick / delivery / step, publish metrics.
 
 Configuration is loaded on the first invocation, not at import, so a misconfigured
 stack fails with one clear ``ConfigurationError`` naming each bad setting instead of an
-import crash.
+import crash. Likewise an AWS setup problem that escapes the runtime (no credentials, no
+region, an endpoint it cannot reach, a table or state machine that does not exist) ends
+an invocation as one ``ConfigurationError`` saying what to fix, not a botocore traceback;
+the project's own errors pass through unchanged.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from ..errors import ConfigurationError, ServerlessWorkerError
 from .context import LambdaContextLike
 from .services import Services
 
-__all__ = ["services_from_environment", "scheduler_tick", "execute_delivery", "state_machine_step",
-           "drain_worker", "reset_services"]
+__all__ = ["aws_setup_error", "drain_worker", "execute_delivery", "reset_services", "scheduler_tick",
+           "services_from_environment", "state_machine_step"]
 
 log = logging.getLogger("serverless_worker.entry")
 
@@ -57,6 +62,65 @@ def _metrics() -> Any:
     return metrics
 
 
+Entry = Callable[[dict[str, Any], LambdaContextLike], dict[str, Any]]
+
+# AWS error codes that mean "the stack or the account is set up wrong", not "try again".
+_MISSING = frozenset({"ResourceNotFoundException", "StateMachineDoesNotExist", "QueueDoesNotExist",
+                      "AWS.SimpleQueueService.NonExistentQueue", "ParameterNotFound"})
+_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "UnrecognizedClientException",
+                     "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException",
+                     "InvalidSignatureException", "SignatureDoesNotMatch", "AuthFailure",
+                     "MissingAuthenticationToken"})
+
+
+def aws_setup_error(err: BaseException) -> ConfigurationError | None:
+    """The ConfigurationError for a botocore error that means AWS is set up wrong, else None."""
+    from botocore import exceptions as bc
+
+    if isinstance(err, bc.NoRegionError):
+        return ConfigurationError("no AWS region configured: set AWS_DEFAULT_REGION or a profile's region")
+    if isinstance(err, bc.NoCredentialsError | bc.PartialCredentialsError | bc.CredentialRetrievalError
+                  | bc.ProfileNotFound):
+        return ConfigurationError(f"no usable AWS credentials ({type(err).__name__}: {err}); configure "
+                                  "AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or use a role")
+    if isinstance(err, bc.EndpointConnectionError | bc.ConnectTimeoutError):
+        url = getattr(err, "kwargs", {}).get("endpoint_url", "")
+        name = type(err).__name__
+        return ConfigurationError(f"cannot reach the AWS endpoint {url or '(unknown)'} ({name}); "
+                                  "check the network, AWS_DEFAULT_REGION and AWS_ENDPOINT_URL")
+    if isinstance(err, bc.ClientError):
+        error = err.response.get("Error", {})
+        code, message = str(error.get("Code", "")), str(error.get("Message", ""))
+        operation = getattr(err, "operation_name", "") or "the call"
+        if code in _MISSING:
+            return ConfigurationError(
+                f"AWS resource not found ({code} on {operation}: {message}); check SW_TABLE_NAME, "
+                "SW_EXECUTOR_FUNCTION_NAME and SW_STATE_MACHINE_ARN, or deploy the stack")
+        if code in _DENIED:
+            return ConfigurationError(f"AWS refused the credentials or permissions ({code} on {operation}: "
+                                      f"{message})")
+    return None
+
+
+def _clear_errors(entry: Entry) -> Entry:
+    """Let the project's errors through; turn AWS setup errors into one ConfigurationError."""
+
+    @functools.wraps(entry)
+    def wrapper(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+        try:
+            return entry(event, context)
+        except ServerlessWorkerError:
+            raise
+        except Exception as err:
+            clear = aws_setup_error(err)
+            if clear is None:
+                raise
+            raise clear from err
+
+    return wrapper
+
+
+@_clear_errors
 def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     report = _scheduler().tick(context, window=event.get("poll_window_seconds") if event else None)
     m = _metrics()
@@ -72,8 +136,8 @@ def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[st
     return report.as_dict()
 
 
+@_clear_errors
 def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-    from ..errors import ConfigurationError
     from .executor import execute
 
     key = event.get("ledger_key") if isinstance(event, dict) else None
@@ -86,12 +150,14 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
     return result
 
 
+@_clear_errors
 def state_machine_step(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     from .steps import run_step
 
     return run_step(services_from_environment(), event, context)
 
 
+@_clear_errors
 def drain_worker(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     from .drain import drain, resume_pulling
 

@@ -16,12 +16,13 @@ from typing import Any
 from ..errors import LeaseRefusedError, ProtocolError, UnknownHandlerError
 from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Delivery, Lease
+from ..state.errors import ItemTooLargeError, StaleWriteError
 from .context import LambdaContextLike
 from .lease import LeaseKeeper, time_budget
 from .services import Services
 from .settle import Settlement, acknowledge, discard, hand_back, settle
 
-__all__ = ["execute", "resume", "run_claimed"]
+__all__ = ["execute", "resume", "run_claimed", "store_outcome"]
 
 log = logging.getLogger("serverless_worker.executor")
 
@@ -47,8 +48,16 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> 
             services.store.store_outcome(ledger_key, context.aws_request_id, outcome)
             settlement = settle(services, ledger_key, item.delivery, outcome)
             return {"ledger_key": ledger_key, "action": settlement.action, "detail": "executor lost"}
-        settlement = run_claimed(services, ledger_key, item.delivery, epoch=context.aws_request_id,
-                                 remaining=lambda: context.get_remaining_time_in_millis() / 1000)
+        try:
+            settlement = run_claimed(services, ledger_key, item.delivery, epoch=context.aws_request_id,
+                                     remaining=lambda: context.get_remaining_time_in_millis() / 1000)
+        except StaleWriteError:
+            # The reaper (or a newer run) took the delivery over while this run was still
+            # going, and has given it its outcome: ours must not be stored or reported. That
+            # is settled, not a failure; raising would only make Lambda retry the event.
+            log.warning("run of %s was taken over before its outcome was stored; outcome dropped",
+                        ledger_key)
+            return {"ledger_key": ledger_key, "action": "superseded"}
         return {"ledger_key": ledger_key, "action": settlement.action, "detail": settlement.detail}
 
 
@@ -95,9 +104,25 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
         # DESIGN: a delivery whose remaining time cannot fit the handler's timeout is handed back.
         return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler")
 
-    outcome = _run(services, delivery, spec, lease, budget)
-    services.store.store_outcome(ledger_key, epoch, outcome)
+    outcome = store_outcome(services, ledger_key, epoch, _run(services, delivery, spec, lease, budget))
     return settle(services, ledger_key, delivery, outcome)
+
+
+def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outcome) -> Outcome:
+    """Store ``outcome`` and return what was stored: an outcome too large for the ledger
+    item (a result of several hundred KB) is stored, and so reported, as a
+    RESULT_TOO_LARGE failure instead, never left to crash the invocation."""
+    try:
+        services.store.store_outcome(ledger_key, epoch, outcome)
+        return outcome
+    except ItemTooLargeError as err:
+        log.error("outcome of job %s does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s",
+                  ledger_key, err)
+        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE",
+                           message=f"the handler's {outcome.kind.value} outcome is {err.size} bytes, "
+                                   f"over the state store's item limit of {err.limit} bytes")
+        services.store.store_outcome(ledger_key, epoch, fallback)
+        return fallback
 
 
 def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget: float) -> Outcome:

@@ -17,8 +17,10 @@ from typing import Any
 
 from ..errors import (
     BadRequestError,
+    ConfigurationError,
     ForbiddenError,
     InvalidApiKeyError,
+    NotFoundError,
     ProtocolError,
     RateLimitedError,
     ServerUnavailableError,
@@ -28,6 +30,7 @@ from .context import LambdaContextLike
 from .dispatch import DispatchError
 from .reaper import reap
 from .services import Services
+from .session import SessionUnavailableError
 from .settle import hand_back, handback_epoch
 
 __all__ = ["TickReport", "Scheduler"]
@@ -59,12 +62,16 @@ class Scheduler:
     """Runs ticks; one instance per container (it keeps the dispatch pool warm)."""
 
     def __init__(self, services: Services, *, sleep: Callable[[float], None] = time.sleep,
-                 dispatch_workers: int = 16) -> None:
+                 dispatch_workers: int = 16, wait_for_capacity: Callable[[float], None] | None = None) -> None:
         self.services = services
         self._sleep = sleep
+        # How a full tick waits for an executor to finish (``sleep`` unless given): the local
+        # runner, whose executors run in its own process, returns as soon as one does.
+        self._wait_for_capacity = wait_for_capacity or sleep
         self._pool = ThreadPoolExecutor(max_workers=dispatch_workers, thread_name_prefix="dispatch")
         self._next_heartbeat = 0.0
         self._started = time.time()
+        self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -75,7 +82,16 @@ class Scheduler:
         deadline = start + max(0.0, min(window, context.get_remaining_time_in_millis() / 1000 - SAFETY_SECONDS))
         report = TickReport()
         with services.flushing_events():
-            services.ensure_session()
+            try:
+                services.ensure_session()
+            except (ProtocolError, ConfigurationError, SessionUnavailableError) as err:
+                # No session (a garbage bootstrap answer, a rejected key, a broken setting):
+                # nothing can be pulled, so end the tick now and say why.
+                report.errors.append(f"session: {err}")
+                report.stopped = f"no session: {type(err).__name__}"
+                log.error("no worker session, ending tick: %s", err)
+                report.duration = clock() - start
+                return report
             report.reaped = reap(services).total
             control = store.get_control(services.protocol_name, services.instance)
             if control.get("stopped") or control.get("draining"):
@@ -100,13 +116,14 @@ class Scheduler:
                     in_flight = store.count_in_flight(services.protocol_name, services.instance)
                     if limit - in_flight <= 0:
                         report.full_waits += 1
-                        self._sleep(min(1.0, max(0.0, deadline - clock())))
+                        self._wait_for_capacity(min(1.0, max(0.0, deadline - clock())))
                     continue
                 got = 0
-                for name in handlers:
+                for name in self._in_turn(handlers):
                     room = min(settings.batch_size, limit - in_flight)
                     if room <= 0 or clock() >= deadline:
                         break
+                    self._next_handler = (handlers.index(name) + 1) % len(handlers)
                     deliveries = self._pull(report, name, room, deadline, len(handlers))
                     got += len(deliveries)
                     in_flight += self._dispatch(report, deliveries)
@@ -117,6 +134,17 @@ class Scheduler:
         return report
 
     # -- pieces -----------------------------------------------------------------
+    def _in_turn(self, handlers: list[str]) -> list[str]:
+        """``handlers`` starting where the last round stopped.
+
+        Every empty long poll takes at least a second, so a window can end before a round
+        reaches its last handlers; starting each round (and tick) at the first handler
+        again would starve those handlers forever. Resuming where the previous round
+        stopped gives each handler its turn.
+        """
+        start = self._next_handler % len(handlers) if handlers else 0
+        return handlers[start:] + handlers[:start]
+
     def _capacity_limit(self) -> int:
         settings = self.services.settings
         limit = settings.max_in_flight
@@ -168,12 +196,20 @@ class Scheduler:
             report.errors.append(f"pull: {err}")
             self._sleep(min(2.0, max(0.0, left)))
             return []
-        except (InvalidApiKeyError, ForbiddenError, BadRequestError) as err:
+        except (InvalidApiKeyError, ForbiddenError, BadRequestError, NotFoundError,
+                ConfigurationError) as err:
             # Configuration is wrong: pulling again this tick cannot succeed.
             report.errors.append(f"pull: {err}")
             report.stopped = f"configuration: {type(err).__name__}"
             services.events.add("worker.pull_rejected", str(err), level="ERROR")
             log.error("pull rejected, ending tick: %s", err)
+            return []
+        except ProtocolError as err:
+            # A garbage, truncated or oversized answer: the server misbehaves. Back off as
+            # for a 5xx; the tick goes on and ends on time.
+            report.errors.append(f"pull: {err}")
+            log.warning("pull answer unusable: %s", err)
+            self._sleep(min(2.0, max(0.0, left)))
             return []
         report.pulled += len(deliveries)
         return deliveries
@@ -193,8 +229,10 @@ class Scheduler:
         long_running = self._long_running(delivery.handler)
         mode = "state_machine" if long_running else "invoke"
         deadline = services.clock() + settings.dispatch_timeout_seconds
+        # A delivery we handed back earlier comes back under the same ledger key (same
+        # execution / same retries): it is the redelivery we asked for, so record it again.
         key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                             dispatch_mode=mode)
+                                             dispatch_mode=mode, again_after_hand_back=True)
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:
@@ -236,6 +274,12 @@ class Scheduler:
             return bool(self.services.registry.get(handler).long_running)
         except Exception:  # unknown handler: the executor reports it as a failure
             return False
+
+    def wake(self) -> None:
+        """Heartbeat and re-read the control flags at the next turn of a running tick's loop,
+        instead of at the next heartbeat: a long-lived process (the local runner) that set
+        ``draining`` itself calls this so its tick stops pulling at once."""
+        self._next_heartbeat = 0.0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

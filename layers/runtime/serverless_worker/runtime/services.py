@@ -98,24 +98,42 @@ class Services:
             return self._keeper
 
     def ensure_session(self) -> None:
-        self.keeper.ensure(self.protocol)
+        self._with_fresh_key(lambda: self.keeper.ensure(self.protocol))
 
     def call(self, fn: Callable[[WorkerProtocol], T]) -> T:
         """Run ``fn(protocol)``, recovering once from a rejected session and once from a
         rejected API key (re-read from Secrets Manager / SSM: it may have been rotated)."""
         self.ensure_session()
+        # The session this call uses: recovery must replace *it*, not whatever another
+        # thread of this container has adopted since (see below).
+        used = self.keeper.session if self.protocol.needs_session else None
         try:
             return fn(self.protocol)
         except SessionExpiredError:
             log.warning("worker session rejected; recovering")
             self.events.add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped",
                             level="WARN")
-            self.keeper.recover(self.protocol)
+            # Threads share this keeper (lease renewal beside the result post; every executor
+            # in the local runner): when several hit the same 401, the first re-bootstraps and
+            # the others must adopt its session. Recovering "the current session" instead
+            # made each of them bootstrap again, each replacing the token the previous one got.
+            self._with_fresh_key(lambda: self.keeper.recover(self.protocol, failed=used))
             return fn(self.protocol)
         except InvalidApiKeyError:
             if not self._refresh_credential():
                 raise
             return fn(self.protocol)
+
+    def _with_fresh_key(self, fn: Callable[[], T]) -> T:
+        """``fn()``, once more after re-reading the key if a bootstrap rejected it: a
+        warm container whose session runs out after a key rotation must not stay stuck
+        with the old key."""
+        try:
+            return fn()
+        except InvalidApiKeyError:
+            if not self._refresh_credential():
+                raise
+            return fn()
 
     def _refresh_credential(self) -> bool:
         """Re-read the key once; rebuild the client only when it changed."""

@@ -1,149 +1,268 @@
 """The state machine's steps (functions/statemachine/worker.asl.json).
 
 Each step receives only the ledger key and the run's epoch and reads everything else
-from the ledger, so no token or payload ever enters execution history. The epoch (the
-first execution's id, carried across continue-as-new) fences stale steps: a step whose
-epoch no longer owns the item does nothing.
+from the ledger, so no token or payload ever enters execution history. The epoch fences
+stale steps: a step whose epoch no longer owns the item does nothing. An execution's
+epoch is its own id; continue-as-new moves the run to a successor epoch (a take-over in
+the ledger) that the next execution receives as ``handover_epoch``, so every execution
+has its own fence and its own, deterministic, execution name.
+
+The run branch and the renew loop talk only through the ledger: the renew step records
+a refused renewal as a cancel request (the running slice's watcher cancels the handler),
+and the renew loop ends once the run no longer holds the item as RUNNING, or stopped at
+a slice boundary to hand over.
+
+What a renew cycle does depends on the protocol's lease:
+
+- renewable (Pipelogiq): renew it; a refusal cancels the run (no result, the delivery is
+  discarded: the server's recovery publishes a fresh execution);
+- none (Priostack): nothing to renew; the cycle only pushes the ledger deadline out so
+  the reaper leaves the live run alone;
+- fixed, not renewable (claim queue: no renew endpoint): the claim's lease must cover
+  the job. Each slice, and a callback's wait, is bounded by it, so a handler still
+  running near its end is stopped as a timeout (no result; the lease lapses and the
+  queue, whose own timeout bounds the retries, offers the item again) instead of
+  running on while the item may be claimed by someone else.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import LeaseRefusedError, ProtocolError, ServerlessWorkerError, UnknownHandlerError
+from ..errors import (
+    LeaseRefusedError,
+    PayloadTooLargeError,
+    ProtocolError,
+    ServerlessWorkerError,
+    UnknownHandlerError,
+)
 from ..outcome import Outcome, OutcomeKind
+from ..protocols.base import Delivery, Lease
+from ..state.errors import StaleWriteError
+from ..state.items import LedgerItem, LedgerStatus
 from .context import LambdaContextLike
 from .executor import _refused
+from .lease import time_budget
 from .services import Services
-from .settle import acknowledge, discard, hand_back, handback_epoch, report, settle
+from .settle import _count, acknowledge, discard, hand_back, handback_epoch, report, settle
 
-__all__ = ["STEPS", "run_step"]
+__all__ = ["MAX_RENEW_CYCLES", "STEPS", "run_step"]
 
 log = logging.getLogger("serverless_worker.steps")
 
-MAX_RENEW_CYCLES = 1500  # ~6 history events per cycle: hand over well before 25,000 events
+# A Standard execution fails at 25,000 history events. A renew cycle (Wait, Task, Choice)
+# writes about 9 events and a slice about 7; both count as a cycle, and the run hands over
+# to a fresh execution at the first slice boundary past this many cycles. That leaves room
+# for the renewals of one more slice (a 15-minute slice renewed every second is 900
+# cycles). A callback cannot hand over (its task token belongs to the execution), so its
+# timeout is capped at this many renew intervals.
+MAX_RENEW_CYCLES = 1500
+LEASE_MARGIN_SECONDS = 2.0  # a slice under a non-renewable lease stops this long before it lapses
+_TIMEOUT_ERRORS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
 
 
 def _done(**extra: Any) -> dict[str, Any]:
     return {"action": "done", **extra}
 
 
+def _slice(more: bool = False, *, handover: bool = False, delay: int = 0) -> dict[str, Any]:
+    """run_slice's answer; every key is always present (the ASL's Choice states read them)."""
+    return {"continue": more, "handover": handover, "delay_seconds": delay}
+
+
 def _remaining(context: LambdaContextLike) -> float:
     return context.get_remaining_time_in_millis() / 1000
 
 
+def _grace(services: Services) -> float:
+    """How far a heartbeat of the run pushes its ledger deadline (when the reaper may act)."""
+    return 3 * float(services.settings.lease_renew_seconds) + 60
+
+
+def _owned(item: LedgerItem | None, epoch: str | None) -> bool:
+    return item is not None and item.status is LedgerStatus.RUNNING and item.epoch == epoch
+
+
+def _successor(epoch: str) -> str:
+    """The epoch a continued execution runs under: deterministic, so a retried handover is idempotent."""
+    return "handover:" + hashlib.sha256(epoch.encode()).hexdigest()[:32]
+
+
+def _store(services: Services, key: str, epoch: str, outcome: Outcome) -> bool:
+    """Store the outcome; ``False`` when this run no longer owns the item (nothing to do then)."""
+    try:
+        services.store.store_outcome(key, epoch, outcome)
+    except StaleWriteError:
+        log.warning("run %s lost the delivery before storing its outcome", epoch)
+        return False
+    except PayloadTooLargeError as err:
+        log.error("outcome too large to store; storing a failure instead: %s", err)
+        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE", message=str(err)[:1024])
+        services.store.store_outcome(key, epoch, fallback)
+    return True
+
+
+def _lease_lost(item: LedgerItem) -> Outcome:
+    return Outcome(kind=OutcomeKind.LEASE_LOST, error_code="LEASE_LOST",
+                   message=item.cancel_reason or "lease lost")
+
+
+# -- acquire -------------------------------------------------------------------------------------
 def acquire(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    """Claim the ledger item for this execution, take (or, after a handover, refresh) the
+    lease, and say how to run: slices or a callback, and how often to renew."""
     key = event["ledger_key"]
-    epoch = event.get("handover_epoch") or event["execution_id"]
+    handover = event.get("handover_epoch")
+    epoch = handover or event["execution_id"]
     settings = services.settings
     now = services.clock()
-    renew_seconds = float(event.get("renew_seconds") or settings.lease_renew_seconds)
-    item = services.store.start_run(key, epoch=epoch, deadline=now + 3 * renew_seconds + 60)
+    item = services.store.start_run(key, epoch=epoch, deadline=now + _grace(services))
     if item is None:
         return _done(reason="not owned", epoch=epoch)
     delivery = item.delivery
     try:
+        lease = _take_lease(services, item, handover=bool(handover))
+    except LeaseRefusedError as refusal:
+        if handover:
+            # The run already started in an earlier execution: the lease is gone, report nothing.
+            services.store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}")
+            _store(services, key, epoch, Outcome(kind=OutcomeKind.LEASE_LOST, error_code="LEASE_LOST",
+                                                 message=f"renewal refused: {refusal.reason}"))
+            discard(services, key, delivery, f"lease lost at handover: {refusal.reason}")
+        else:
+            _refused(services, key, delivery, refusal)
+        return _done(reason=refusal.reason, epoch=epoch)
+    except ProtocolError as err:
+        if handover:  # unknown whether the renewal went through: the renew loop tries again
+            log.warning("lease refresh at handover failed; the renew loop retries: %s", err)
+            lease = Lease()
+        else:
+            # Unknown whether we hold the lease; the handler has not started: handing back is safe.
+            hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}")
+            return _done(reason="lease not acquired", epoch=epoch)
+    try:
         spec = services.registry.get(delivery.handler)
     except UnknownHandlerError as err:
         outcome = Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER", message=str(err))
-        services.store.store_outcome(key, epoch, outcome)
-        settle(services, key, delivery, outcome)
+        if _store(services, key, epoch, outcome):
+            settle(services, key, delivery, outcome)
         return _done(reason="unknown handler", epoch=epoch)
-    if not event.get("handover_epoch"):  # a continued execution already holds the lease
-        try:
-            lease = services.call(lambda p: p.acquire(delivery))
-        except LeaseRefusedError as refusal:
-            _refused(services, key, delivery, refusal)
-            return _done(reason=refusal.reason, epoch=epoch)
-        except ProtocolError as err:
-            hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}")
-            return _done(reason="lease not acquired", epoch=epoch)
-        if lease.expires_at is not None and lease.renewable:
-            renew_seconds = max(1.0, min(renew_seconds, (lease.expires_at - now) / 2))
-    timeout = float(spec.timeout or 86400)
+    renew_seconds = float(settings.lease_renew_seconds)
+    if lease.expires_at is not None and lease.renewable:
+        renew_seconds = min(renew_seconds, (lease.expires_at - now) / 2)
+    renew_every = max(1, int(renew_seconds))  # a Wait takes whole seconds
+    # The task waits at most the handler's timeout, and no longer than the history allows.
+    timeout = min(int(spec.timeout or 86400), MAX_RENEW_CYCLES * renew_every)
+    if spec.callback and lease.expires_at is not None and not lease.renewable:
+        # Nor past a lease that cannot be renewed: after it the item may run elsewhere.
+        timeout = min(timeout, int(lease.expires_at - now - LEASE_MARGIN_SECONDS))
+        if timeout < 2:
+            hand_back(services, key, delivery, "too little lease left to wait for a callback")
+            return _done(reason="no time", epoch=epoch)
+    timeout = max(2, timeout)
+    # The renew loop heartbeats every cycle; AWS wants the heartbeat below the timeout.
+    heartbeat = max(1, min(max(3 * renew_every, renew_every + 30), timeout - 1))
     return {
         "action": "run",
         "epoch": epoch,
-        "mode": "callback" if getattr(spec, "callback", False) else "slice",
-        "renew_seconds": int(max(1, renew_seconds)),
-        "callback_timeout_seconds": int(timeout),
-        "callback_heartbeat_seconds": int(max(3 * renew_seconds, renew_seconds + 30)),
+        "mode": "callback" if spec.callback else "slice",
+        "renew_seconds": renew_every,
+        "callback_timeout_seconds": timeout,
+        "callback_heartbeat_seconds": heartbeat,
     }
 
 
+def _take_lease(services: Services, item: LedgerItem, *, handover: bool) -> Lease:
+    """Acquire the lease; a continued execution refreshes the one its predecessor holds, and a
+    retried acquire step (the item was already claimed by this epoch) reconciles first:
+    acquire is not reentrant, so acquiring again would refuse our own lease."""
+    delivery = item.delivery
+    protocol = services.protocol
+    if protocol.lease_renewable and (handover or item.runs > 1):
+        try:
+            return services.call(lambda p: p.renew(delivery))
+        except LeaseRefusedError as refusal:
+            if handover or refusal.reason != "lease_not_acquired":
+                raise
+    return services.call(lambda p: p.acquire(delivery))
+
+
+# -- the run branch --------------------------------------------------------------------------------
 def run_slice(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    """Run the handler once (one slice) from the stored checkpoint; store a continuation's
+    checkpoint or the final outcome. Decides the handover at a slice boundary."""
     from ..runner import run_handler
 
     key, epoch = event["ledger_key"], event["epoch"]
     store = services.store
     item = store.get(key)
-    if item is None or item.epoch != epoch or not str(item.status).endswith("RUNNING"):
-        return {"continue": False, "handover": False}
+    if not _owned(item, epoch):
+        return _slice()
+    assert item is not None
     if item.cancel_reason:
-        store.store_outcome(key, epoch, Outcome(kind=OutcomeKind.LEASE_LOST, message=item.cancel_reason))
-        return {"continue": False, "handover": False}
+        _store(services, key, epoch, _lease_lost(item))
+        return _slice()
     if item.handover_requested:
-        return {"continue": False, "handover": True}
+        return _slice(handover=True)
     try:
         spec = services.registry.get(item.delivery.handler)
     except UnknownHandlerError as err:
-        store.store_outcome(key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER",
-                                                message=str(err)))
-        return {"continue": False, "handover": False}
-    budget = max(1.0, _remaining(context) - services.settings.report_margin_seconds)
+        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER",
+                                             message=str(err)))
+        return _slice()
+    protocol = services.protocol
+    lease = Lease(expires_at=item.delivery.lease_expires_at, renewable=protocol.lease_renewable)
+    # A lease that cannot be renewed (claim queue) bounds the slice: past it the item is
+    # someone else's, so the handler stops first (a timeout: no result, the lease lapses).
+    settings = services.settings
+    budget = time_budget(remaining_lambda=_remaining(context), report_margin=settings.report_margin_seconds,
+                         handler_timeout=None, job_timeout=None, lease=lease, now=services.clock(),
+                         lease_margin=LEASE_MARGIN_SECONDS)
     cancel = threading.Event()
-    watcher = _CancelWatcher(services, key, epoch, cancel, every=float(services.settings.lease_renew_seconds) / 2)
+    watcher = _CancelWatcher(services, key, epoch, cancel, every=float(settings.lease_renew_seconds) / 2)
     try:
         result = run_handler(spec, item.delivery, budget_seconds=budget, cancel_event=cancel,
                              checkpoint=item.checkpoint,
                              progress=lambda value: _progress(services, item.delivery, value))
     finally:
         watcher.stop()
-    if result.continuation is not None:
+    if result.continuation is None:
+        outcome = result.outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="NO_OUTCOME",
+                                            message="handler produced no outcome")
+        if outcome.kind is OutcomeKind.NOT_STARTED and item.checkpoint is not None:
+            # Not the first slice: the job did start, so this is a spent budget, not a hand-back.
+            outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="NO_TIME", message=outcome.message)
+        _store(services, key, epoch, outcome)
+        return _slice()
+    try:
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
-        fresh = store.get(key)
-        handover = bool(fresh is not None and fresh.handover_requested)
-        return {"continue": not handover, "handover": handover}
-    outcome = result.outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="NO_OUTCOME",
-                                        message="handler produced no outcome")
-    store.store_outcome(key, epoch, outcome)
-    return {"continue": False, "handover": False}
-
-
-def renew(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-    key, epoch = event["ledger_key"], event["epoch"]
-    store = services.store
-    item = store.get(key)
-    if item is None or item.epoch != epoch or not str(item.status).endswith("RUNNING"):
-        return {"finished": True}
-    if item.cancel_reason or item.handover_requested:
-        return {"finished": True}
-    protocol = services.protocol
-    renew_seconds = float(services.settings.lease_renew_seconds)
-    if protocol.lease_renewable:
-        try:
-            services.call(lambda p: p.renew(item.delivery))
-        except LeaseRefusedError as refusal:
-            store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}")
-            from .metrics import metrics
-
-            metrics.add("LeasesLost", 1)
-            metrics.flush()
-            services.events.add("job.lease_lost", f"job {item.delivery.job_id}: {refusal.reason}", level="WARN")
-            services.events.flush(services.protocol)
-            return {"finished": True, "refused": True}
-        except ProtocolError as err:
-            log.warning("renewal failed; will retry at the next cycle: %s", err)
-    if item.callback_token:
-        _callback_heartbeat(services, item.callback_token)
-    cycles = store.renew_deadline(key, epoch, deadline=services.clock() + 3 * renew_seconds + 60)
-    if cycles >= MAX_RENEW_CYCLES and not item.callback_token:
-        store.request_handover(key, epoch)
-        return {"finished": True, "handover": True}
-    return {"finished": False}
+        cycles = store.renew_deadline(key, epoch, deadline=services.clock() + _grace(services))
+    except StaleWriteError:
+        log.warning("run %s lost the delivery at a slice boundary", epoch)
+        return _slice()
+    except PayloadTooLargeError as err:
+        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
+                                             message=str(err)[:1024]))
+        return _slice()
+    fresh = store.get(key)
+    if not _owned(fresh, epoch):
+        return _slice()
+    assert fresh is not None
+    if fresh.cancel_reason:  # refused while the slice was ending: start no further slice
+        _store(services, key, epoch, _lease_lost(fresh))
+        return _slice()
+    if cycles >= MAX_RENEW_CYCLES:
+        # The history is filling up: stop here and continue in a fresh execution.
+        if store.request_handover(key, epoch):
+            return _slice(handover=True)
+        return _slice()
+    return _slice(True, delay=math.ceil(result.continuation.delay_seconds))
 
 
 def start_callback(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
@@ -154,47 +273,125 @@ def start_callback(services: Services, event: dict[str, Any], context: LambdaCon
     key, epoch, token = event["ledger_key"], event["epoch"], event["task_token"]
     store = services.store
     item = store.get(key)
-    if item is None or item.epoch != epoch:
-        _sfn(services).send_task_failure(taskToken=token, error="NotOwner", cause="the run lost its epoch")
+    if not _owned(item, epoch) or item is None or item.cancel_reason:
+        _sfn(services).send_task_failure(taskToken=token, error="NotOwner",
+                                         cause="the run no longer owns the delivery")
         return {"started": False}
-    store.save_callback_token(key, epoch, token)
-    spec = services.registry.get(item.delivery.handler)
+    try:
+        store.save_callback_token(key, epoch, token)
+    except StaleWriteError:
+        _sfn(services).send_task_failure(taskToken=token, error="NotOwner",
+                                         cause="the run no longer owns the delivery")
+        return {"started": False}
+    try:
+        spec = services.registry.get(item.delivery.handler)
+    except UnknownHandlerError as err:
+        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER",
+                                             message=str(err)))
+        _sfn(services).send_task_failure(taskToken=token, error="UnknownHandler", cause="see the ledger item")
+        return {"started": False}
     budget = max(1.0, _remaining(context) - services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
                          progress=lambda value: _progress(services, item.delivery, value))
     outcome = result.outcome
-    if outcome is not None and outcome.kind is not OutcomeKind.SUCCESS:
-        store.store_outcome(key, epoch, outcome)
+    if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
+        outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
+                                     message="a callback handler cannot return Continue")
+        _store(services, key, epoch, outcome)
         _sfn(services).send_task_failure(taskToken=token, error="HandlerFailed",
                                          cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
     return {"started": True}
 
 
 def finish_callback(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    """Turn the callback's output (or its failure, or the task's timeout) into the stored outcome."""
     key, epoch = event["ledger_key"], event["epoch"]
     item = services.store.get(key)
-    if item is not None and item.epoch == epoch and str(item.status).endswith("RUNNING"):
-        if "error" in event and event["error"] is not None:
-            error = event["error"] or {}
-            kind = OutcomeKind.TIMEOUT if error.get("Error") == "States.Timeout" else OutcomeKind.FAILURE
-            outcome = Outcome(kind=kind, error_code=str(error.get("Error") or "CALLBACK_FAILED")[:64],
-                              message=str(error.get("Cause") or "")[:4096])
+    if _owned(item, epoch):
+        assert item is not None
+        error = event.get("error")
+        if item.cancel_reason:
+            outcome = _lease_lost(item)
+        elif error is not None:
+            name = str(error.get("Error") or "CALLBACK_FAILED")
+            cause = str(error.get("Cause") or name)[:4096]
+            if name in _TIMEOUT_ERRORS:
+                outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="CALLBACK_TIMEOUT",
+                                  message=f"no callback within the task's timeout ({name})")
+            else:
+                outcome = Outcome(kind=OutcomeKind.FAILURE, error_code=name[:64], message=cause)
         else:
             outcome = Outcome(kind=OutcomeKind.SUCCESS, value=event.get("output"))
-        services.store.store_outcome(key, epoch, outcome)
-    return {"continue": False, "handover": False}
+        _store(services, key, epoch, outcome)
+    return _slice()
 
 
+# -- the renew loop ---------------------------------------------------------------------------------
+def renew(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    """One renew cycle: extend the lease, heartbeat a waiting callback, push the deadline.
+    ``finished`` once the run no longer needs it (outcome stored, cancelled, handing over)."""
+    key, epoch = event["ledger_key"], event["epoch"]
+    store = services.store
+    item = store.get(key)
+    if not _owned(item, epoch) or item is None or item.cancel_reason or item.handover_requested:
+        return {"finished": True}
+    protocol = services.protocol
+    if protocol.lease_renewable:
+        try:
+            services.call(lambda p: p.renew(item.delivery))
+        except LeaseRefusedError as refusal:
+            return _renewal_refused(services, item, epoch, refusal)
+        except ProtocolError as err:
+            log.warning("renewal failed; will retry at the next cycle: %s", err)
+    if item.callback_token:
+        _callback_heartbeat(services, item.callback_token)
+    try:
+        store.renew_deadline(key, epoch, deadline=services.clock() + _grace(services))
+    except StaleWriteError:  # the run ended (or was taken over) meanwhile
+        return {"finished": True}
+    return {"finished": False}
+
+
+def _renewal_refused(services: Services, item: LedgerItem, epoch: str,
+                     refusal: LeaseRefusedError) -> dict[str, Any]:
+    from .metrics import metrics
+
+    key, delivery = item.key, item.delivery
+    if not services.store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}"):
+        return {"finished": True}  # the run ended meanwhile
+    metrics.add("LeasesLost", 1)
+    services.events.add("job.lease_lost", f"job {delivery.job_id}: {refusal.reason}", level="WARN",
+                        job_id=delivery.job_id, reason=refusal.reason)
+    if refusal.action == "stop":
+        reason = f"lease refused: {refusal.reason}"
+        services.store.set_stopped(services.protocol_name, services.instance, reason)
+    if item.callback_token:
+        # Nothing will come of the callback for us any more: end the wait now.
+        try:
+            _sfn(services).send_task_failure(taskToken=item.callback_token, error="LeaseLost",
+                                             cause=f"renewal refused: {refusal.reason}")
+        except Exception as err:  # the task may have finished meanwhile
+            log.info("callback not failed after a refused renewal: %s", type(err).__name__)
+    return {"finished": True, "refused": True}
+
+
+# -- after the run ----------------------------------------------------------------------------------
 def report_step(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-    key = event["ledger_key"]
+    """Report the stored outcome (hand back or discard where the outcome says so), or say
+    that the run stopped at a slice boundary to continue in a fresh execution."""
+    key, epoch = event["ledger_key"], event.get("epoch")
     item = services.store.get(key)
     if item is None:
-        return {"reported": False}
-    status = str(item.status)
-    if status.endswith("RUNNING") and item.handover_requested and item.epoch == event.get("epoch"):
-        # The run stopped at a slice boundary to continue in a fresh execution.
-        return {"reported": False, "handover": True}
-    if status.endswith("OUTCOME_STORED") and item.outcome is not None:
+        return {"reported": False, "handover": False}
+    if _owned(item, epoch):
+        if item.cancel_reason:  # refused while handing over: the lease is gone
+            if _store(services, key, str(epoch), _lease_lost(item)):
+                discard(services, key, item.delivery, "lease lost while running")
+            return {"reported": False, "handover": False}
+        if item.handover_requested:
+            return {"reported": False, "handover": True}
+    status = item.status
+    if status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
         if item.outcome.kind is OutcomeKind.NOT_STARTED:
             hand_back(services, key, item.delivery, item.outcome.message or "not started")
         elif item.outcome.kind is OutcomeKind.LEASE_LOST:
@@ -202,56 +399,93 @@ def report_step(services: Services, event: dict[str, Any], context: LambdaContex
         else:
             receipt = report(services, key, item.delivery, item.outcome)
             return {"reported": True, "accepted": receipt.accepted, "handover": False}
-    return {"reported": False, "status": status, "handover": False}
+    return {"reported": False, "status": str(status), "handover": False}
 
 
 def ack_step(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     key = event["ledger_key"]
     item = services.store.get(key)
-    if item is not None and str(item.status).endswith("REPORTED"):
+    if item is not None and item.status is LedgerStatus.REPORTED:
         acknowledge(services, key, item.delivery)
+        _count(services, item.outcome)
         return {"acknowledged": True}
     return {"acknowledged": False}
 
 
 def give_back(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-    """The execution failed somewhere: give the job a definite outcome anyway."""
-    import uuid
+    """The execution failed somewhere: give the job a definite outcome anyway.
 
+    Unstarted (recorded, or claimed but failed in the acquire step of a first execution):
+    hand back. Started: a failure (or, with the lease lost, discard). Already settling:
+    finish. A run owned by another epoch is not ours to touch.
+    """
     key = event["ledger_key"]
     store = services.store
     item = store.get(key)
     if item is None:
         return {"action": "missing"}
-    status = str(item.status)
+    phase = event.get("phase", "run")
+    epoch = event.get("epoch") or event.get("handover_epoch") or event.get("execution_id")
     now = services.clock()
     error = event.get("error") or {}
-    if status.endswith(("RECORDED", "DISPATCHED")):
+    name = str(error.get("Error") or "execution failed")[:128]
+    if item.status in (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED):
         if store.start_run(key, epoch=handback_epoch(), deadline=now + 60) is not None:
-            hand_back(services, key, item.delivery, f"state machine failed: {error.get('Error', '')}")
+            hand_back(services, key, item.delivery, f"state machine failed: {name}")
             return {"action": "handed_back"}
-    if status.endswith("RUNNING"):
-        epoch = f"giveback:{uuid.uuid4()}"
-        if store.take_over(key, old_epoch=item.epoch, new_epoch=epoch, deadline=now + 60):
-            outcome = Outcome(kind=OutcomeKind.FAILURE, error_code="STATE_MACHINE_ERROR",
-                              message=str(error.get("Error") or "execution failed")[:256])
-            store.store_outcome(key, epoch, outcome)
-            settle(services, key, item.delivery, outcome)
-            return {"action": "failed"}
+    elif item.status is LedgerStatus.RUNNING:
+        # Ours, or our successor's when the handover failed before its execution started.
+        if epoch is not None and item.epoch not in (epoch, _successor(epoch)):
+            return {"action": "none", "reason": "not owned"}
+        unstarted = phase == "acquire" and not event.get("handover_epoch") and not item.cancel_reason
+        # A claim that only hands back is marked so (the reaper hands it back again if stranded).
+        new_epoch = handback_epoch() if unstarted else f"giveback:{uuid.uuid4()}"
+        if store.take_over(key, old_epoch=item.epoch, new_epoch=new_epoch, deadline=now + 60):
+            if item.cancel_reason:
+                _store(services, key, new_epoch, _lease_lost(item))
+            elif unstarted:
+                hand_back(services, key, item.delivery, f"failed before the handler started: {name}")
+                return {"action": "handed_back"}
+            else:
+                failure = Outcome(kind=OutcomeKind.FAILURE, error_code="STATE_MACHINE_ERROR",
+                                  message=f"the execution failed: {name}")
+                _store(services, key, new_epoch, failure)
     item = store.get(key)
-    if item is not None and str(item.status).endswith("OUTCOME_STORED") and item.outcome is not None:
-        settle(services, key, item.delivery, item.outcome)
-        return {"action": "settled"}
-    if item is not None and str(item.status).endswith("REPORTED"):
+    if item is not None and item.status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
+        settlement = settle(services, key, item.delivery, item.outcome)
+        return {"action": settlement.action}
+    if item is not None and item.status is LedgerStatus.REPORTED:
         acknowledge(services, key, item.delivery)
         return {"action": "acknowledged"}
-    return {"action": "none", "status": status}
+    return {"action": "none", "status": str(item.status) if item else None}
 
 
 def continue_as_new(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    """Move the run to its successor epoch and start the execution that continues it."""
     key, epoch = event["ledger_key"], event["epoch"]
-    services.store.clear_handover(key, epoch)
-    services.dispatcher.start_execution(key, handover_epoch=epoch)  # type: ignore[union-attr]
+    successor = _successor(epoch)
+    store = services.store
+    item = store.get(key)
+    if item is None or item.status is not LedgerStatus.RUNNING or item.epoch not in (epoch, successor):
+        return {"handed_over": False}
+    if item.epoch == epoch:
+        # Renew once more: the lease must outlast the gap until the next execution renews it.
+        if services.protocol.lease_renewable:
+            try:
+                services.call(lambda p: p.renew(item.delivery))
+            except LeaseRefusedError as refusal:
+                lost = Outcome(kind=OutcomeKind.LEASE_LOST, error_code="LEASE_LOST",
+                               message=f"renewal refused: {refusal.reason}")
+                if _store(services, key, epoch, lost):
+                    discard(services, key, item.delivery, "lease lost while running")
+                return {"handed_over": False}
+            except ProtocolError as err:  # the next execution's acquire renews again
+                log.warning("lease renewal before the handover failed: %s", err)
+        if not store.take_over(key, old_epoch=epoch, new_epoch=successor,
+                               deadline=services.clock() + _grace(services)):
+            return {"handed_over": False}
+    # Named after (ledger key, successor epoch): a retried step starts it at most once.
+    services.dispatcher.start_execution(key, handover_epoch=successor)  # type: ignore[union-attr]
     return {"handed_over": True}
 
 
@@ -277,7 +511,7 @@ def run_step(services: Services, event: dict[str, Any], context: LambdaContextLi
         return STEPS[step](services, event, context)
 
 
-def _progress(services: Services, delivery: Any, value: Any) -> None:
+def _progress(services: Services, delivery: Delivery, value: Any) -> None:
     try:
         services.protocol.progress(delivery, value)
     except ProtocolError as err:
@@ -301,9 +535,10 @@ def _callback_heartbeat(services: Services, token: str) -> None:
 
 
 class _CancelWatcher:
-    """Polls the ledger for a cancellation requested by the renew branch."""
+    """Polls the ledger for a cancellation requested by the renew branch (or a take-over)."""
 
-    def __init__(self, services: Services, key: str, epoch: str, cancel: threading.Event, every: float) -> None:
+    def __init__(self, services: Services, key: str, epoch: str, cancel: threading.Event,
+                 every: float) -> None:
         self._services, self._key, self._epoch, self._cancel = services, key, epoch, cancel
         self._every = max(0.2, every)
         self._stop = threading.Event()
@@ -316,7 +551,7 @@ class _CancelWatcher:
                 item = self._services.store.get(self._key)
             except Exception:
                 continue
-            if item is None or item.epoch != self._epoch or item.cancel_reason:
+            if not _owned(item, self._epoch) or (item is not None and item.cancel_reason):
                 self._cancel.set()
                 return
 

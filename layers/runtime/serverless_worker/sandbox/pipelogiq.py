@@ -268,7 +268,30 @@ class PipelogiqSandbox(Sandbox):
         async def overview(request: Request) -> Response:
             return JSONResponse(self.overview())
 
-        return [Route("/_admin/pipelogiq", overview, methods=["GET"])]
+        async def revoke(request: Request) -> Response:
+            try:
+                body = json.loads(await request.body() or b"null")
+                stage_id = int(body["jobId"])
+            except (ValueError, TypeError, KeyError):
+                return json_error(400, 'body must be {"jobId": "<stage id>"}')
+            return self.revoke_lease(stage_id)
+
+        return [Route("/_admin/pipelogiq", overview, methods=["GET"]),
+                Route("/_admin/pipelogiq/revoke", revoke, methods=["POST"])]
+
+    def revoke_lease(self, stage_id: int) -> Response:
+        """Expire the live lease of the stage's current execution now, as if its holder had
+        stopped renewing: renewals answer ``lease_expired`` (``stale_execution`` once the
+        sweep has recovered the stage with a new execution)."""
+        stage = self.stages.get(stage_id)
+        if stage is None:
+            return json_error(404, "stage not found")
+        execution = stage.execution(stage.current) if stage.current else None
+        if execution is None or execution.lease is None:
+            return json_error(409, "the stage's current execution holds no lease")
+        execution.lease.expires_at = min(execution.lease.expires_at, time.time())
+        self._record(stage.stage_id, "lease_revoked", executionId=execution.execution_id)
+        return JSONResponse({"revoked": True, "executionId": execution.execution_id})
 
     def periodic(self) -> list[tuple[float, Callable[[], None]]]:
         return [(self.config.sweep_interval, self.sweep)]

@@ -69,6 +69,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .. import logsafety  # noqa: F401  (botocore must not log item bodies: they hold tokens)
 from ..errors import ConfigurationError
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
@@ -201,10 +202,14 @@ class StateStore:
 
     # -- delivery ledger: recording and dispatch -----------------------------------
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str) -> str | None:
+                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None:
         """Write the ledger item before dispatching; returns its key, or ``None`` for a duplicate.
 
-        ``deadline`` is when it counts as stranded if no executor has claimed it.
+        ``deadline`` is when it counts as stranded if no executor has claimed it. With
+        ``again_after_hand_back`` a delivery whose item is HANDED_BACK is recorded afresh:
+        handing back asks the server to deliver it again (Pipelogiq requeues the same
+        execution, Priostack re-activates the job with the same ``retries``), so its
+        return is the expected next delivery, not a duplicate to drop.
         """
         key = ledger_key_for(delivery)
         now = self._clock()
@@ -217,7 +222,10 @@ class StateStore:
         })
         # A new execution; or one whose settled item outlived its ttl (TTL deletes late: it counts as gone).
         condition = "attribute_not_exists(#pk) OR #ttl < :now"
-        if self._put(key, item, condition, {"now": now}, what="the delivery") is None:
+        if again_after_hand_back:
+            condition += " OR #status = :handed_back"
+        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value}
+        if self._put(key, item, condition, values, what="the delivery") is None:
             log.info("duplicate delivery %s: already in the ledger", key)
             return None
         return key

@@ -1,0 +1,231 @@
+"""What every benchmark shares: sandbox job servers in their own processes, the bench
+handler that notes when each job started, and counters of HTTP calls and DynamoDB requests.
+
+The sandbox runs in a separate process (``serverless-worker sandbox``), as a real job
+server is elsewhere: its CPU never competes with the worker under test for the GIL.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CREDENTIALS",
+    "HANDLER",
+    "PROTOCOLS",
+    "SANDBOX_CONFIG",
+    "CallCounter",
+    "HandlerClock",
+    "SandboxProcess",
+    "counter_delta",
+    "minimum_calls",
+    "percentile",
+    "seed_body",
+]
+
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+HANDLER = "bench"
+# The sandboxes' own test credentials (their defaults).
+CREDENTIALS = {"pipelogiq": "sandbox-api-key", "priostack": "sandbox-api-key", "claimqueue": "sandbox-token"}
+# The sandbox's long poll re-checks its queue every ``poll_interval`` (0.25 s by default), a
+# sandbox artefact a real server does not have (it answers when work is published).
+SANDBOX_CONFIG: dict[str, dict[str, Any]] = {
+    "pipelogiq": {"poll_interval": 0.01},
+    "priostack": {},
+    "claimqueue": {},
+}
+
+
+def minimum_calls(protocol: str, batch: int, jobs: int) -> dict[str, float]:
+    """HTTP calls per job the protocol itself requires, for a backlog of ``jobs``: Pipelogiq
+    bootstraps once; Priostack activates a batch of ``batch`` at a time."""
+    if protocol == "pipelogiq":
+        return {"bootstrap": 1.0 / jobs, "pull": 1.0, "lease.acquire": 1.0, "result": 1.0, "ack": 1.0}
+    if protocol == "priostack":
+        return {"activate": 1.0 / batch, "complete": 1.0}
+    return {"claim": 1.0, "result": 1.0}
+
+
+def seed_body(protocol: str, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """An admin seed body creating one ``bench`` job per input, in the sandbox's own format."""
+    if protocol == "pipelogiq":
+        return {"handler": HANDLER, "inputs": inputs}
+    if protocol == "priostack":
+        return {"jobs": [{"type": HANDLER, "variables": v, "retries": 3} for v in inputs]}
+    return {"queue": HANDLER, "items": inputs}
+
+
+def counter_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(after) | set(before))
+            if after.get(k, 0) - before.get(k, 0)}
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); ``None`` for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+_CLI = "import sys; from serverless_worker.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+class SandboxProcess:
+    """``serverless-worker sandbox PROTOCOL`` on a free loopback port, in a child process."""
+
+    def __init__(self, protocol: str, **config: Any) -> None:
+        import subprocess
+
+        from serverless_worker.sandbox.admin import SandboxAdmin
+
+        self.protocol = protocol
+        settings = {**SANDBOX_CONFIG[protocol], **config}
+        args = [sys.executable, "-c", _CLI, "sandbox", protocol, "--port", "0"]
+        for key, value in settings.items():
+            args += ["--set", f"{key}={json.dumps(value)}"]
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process; stop() closes it
+        self._proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        assert self._proc.stdout is not None
+        banner = self._proc.stdout.readline()
+        url = next((part[4:] for part in banner.split() if part.startswith("url=")), None)
+        if url is None:
+            self.stop()
+            self._stderr.seek(0)
+            raise RuntimeError(f"{protocol} sandbox did not start: {banner!r} "
+                               f"{self._stderr.read().decode(errors='replace')[-2000:]}")
+        self.url = url
+        self.admin = SandboxAdmin(url, timeout=60)
+        self._wait_serving()
+
+    def _wait_serving(self, timeout: float = 20.0) -> None:
+        """The banner comes when the port is bound, a moment before uvicorn accepts on it."""
+        import requests
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.admin.stats()
+                return
+            except requests.ConnectionError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"{self.protocol} sandbox never accepted connections") from None
+                time.sleep(0.02)
+
+    @property
+    def credential(self) -> str:
+        return CREDENTIALS[self.protocol]
+
+    def seed(self, inputs: list[dict[str, Any]]) -> Any:
+        return self.admin.seed(seed_body(self.protocol, inputs))
+
+    def calls(self) -> dict[str, int]:
+        """HTTP calls served so far, per endpoint label (``/_admin/stats``)."""
+        return dict(self.admin.stats()["calls"])
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait(5)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._stderr.close()
+        if hasattr(self, "admin"):
+            self.admin.close()
+
+    def __enter__(self) -> SandboxProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class HandlerClock:
+    """The ``bench`` handler: returns at once and notes when it started. A job's input may
+    carry ``t``, the time it was created, for latency."""
+
+    starts: list[tuple[float | None, float]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _waiters: list[tuple[int, threading.Event]] = field(default_factory=list)
+
+    def note(self, created: float | None) -> None:
+        now = time.time()
+        with self._lock:
+            self.starts.append((created, now))
+            count = len(self.starts)
+            for target, event in self._waiters:
+                if count >= target:
+                    event.set()
+
+    def wait_for(self, count: int, timeout: float) -> bool:
+        event = threading.Event()
+        with self._lock:
+            if len(self.starts) >= count:
+                return True
+            self._waiters.append((count, event))
+        return event.wait(timeout)
+
+    def latencies(self) -> list[float]:
+        with self._lock:
+            return [start - created for created, start in self.starts if created is not None]
+
+    def registry(self) -> Any:
+        """A fresh registry holding the ``bench`` handler."""
+        from serverless_worker.handlers import HandlerRegistry
+
+        registry = HandlerRegistry()
+        note = self.note
+
+        @registry.handler(HANDLER)
+        def bench(job: Any) -> dict[str, Any]:
+            note(_created(job.input))
+            return {"ok": True}
+
+        return registry
+
+
+def _created(data: Any) -> float | None:
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    value = data.get("t") if isinstance(data, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+class CallCounter:
+    """Counts calls to selected methods of an object (the state store's operations)."""
+
+    def __init__(self, target: Any, names: Iterable[str]) -> None:
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        for name in names:
+            setattr(target, name, self._wrap(name, getattr(target, name)))
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)

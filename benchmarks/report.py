@@ -1,0 +1,242 @@
+"""The table ``make bench`` prints: every figure next to its target, and whether it is met.
+
+Input is the results dictionary ``run.py`` also writes as JSON; nothing here measures.
+Sections a benchmark run skipped (``--skip``) are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["TARGETS", "render", "verdicts"]
+
+# Per figure: the test on the measured value and the target as the issue words it.
+TARGETS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "a_ratio": (lambda v: v >= 0.85, ">= 0.85"),
+    "b_above_minimum": (lambda v: v <= 3, "no call beyond the minimal worker's (slack: 3 end-of-run polls)"),
+    "b_heartbeats": (lambda v: v <= 0.05, "<= 0.05 / job"),
+    "c_writes": (lambda v: v <= 3, "<= 3 / job"),
+    "c_reads": (lambda v: v <= 1, "<= 1 / job"),
+    "d_ratio": (lambda v: v <= 1.5, "<= 1.5"),
+    "e_p50": (lambda v: v <= 0.5, "<= 0.5 s"),
+    "f_while_work": (lambda v: v <= 1.0, "<= $1 / month"),
+    "f_continuous": (lambda v: v <= 3.0, "<= $3 / month"),
+    "g_rate": (lambda v: v >= 200, ">= 200 / s"),
+}
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != 0 and abs(value) < 0.01:
+            return f"{value:.4f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _verdict(key: str, values: Iterable[float | None]) -> str:
+    test, text = TARGETS[key]
+    measured = [v for v in values if v is not None]
+    if not measured:
+        return f"{text}: not measured"
+    return f"{text}: {'met' if all(test(v) for v in measured) else 'NOT met'}"
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, str]:
+    """Target -> "met" / "NOT met", judged on the worst protocol (or the mode the target names)."""
+    tp = results.get("throughput", {}).values()
+    cold = results.get("coldstart", {}).get("functions", {}).values()
+    fixed = {}
+    for label, key in (("", "fixed_monthly"), ("_proposed", "fixed_monthly_proposed")):
+        modes = results.get("cost", {}).get(key, {}).get("modes", {})
+        continuous = [m["total_usd"] for name, m in modes.items() if name != "liveness_while_work_exists"]
+        fixed[f"f_while_work{label}"] = _verdict("f_while_work", [
+            modes.get("liveness_while_work_exists", {}).get("total_usd")])
+        fixed[f"f_continuous{label}"] = _verdict("f_continuous", [min(continuous)] if continuous else [])
+    return {
+        **fixed,
+        "a_ratio": _verdict("a_ratio", (r.get("ratio") for r in tp)),
+        "b_above_minimum": _verdict("b_above_minimum", (  # in calls over the run, per endpoint
+            round(r["jobs"] * max(r.get("calls_above_minimal_worker", {}).values(), default=0.0))
+            for r in tp)),
+        "b_heartbeats": _verdict("b_heartbeats", (r.get("heartbeats_per_job") for r in tp)),
+        "c_writes": _verdict("c_writes", (r["dynamodb"].get("writes_per_job") for r in tp)),
+        "c_reads": _verdict("c_reads", (r["dynamodb"].get("reads_per_job") for r in tp)),
+        "d_ratio": _verdict("d_ratio", (f.get("ratio_to_boto3") for f in cold)),
+        "e_p50": _verdict("e_p50", (r.get("p50_s") for r in results.get("latency", {}).values())),
+        "g_rate": _verdict("g_rate", (r.get("dispatches_per_s")
+                                      for r in results.get("dispatch", {}).values())),
+    }
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return ["    " + line.rstrip() for line in lines]
+
+
+def _row(label: str, data: dict[str, Any], protocols: list[str], cell: Callable[[Any], str]) -> list[str]:
+    return [label] + [cell(data[p]) for p in protocols]
+
+
+def _present(results: dict[str, Any], section: str) -> tuple[dict[str, Any], list[str]]:
+    data = results.get(section) or {}
+    return data, [p for p in results.get("meta", {}).get("protocols", []) if p in data]
+
+
+def _throughput(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    tp, ps = _present(results, "throughput")
+    if not ps:
+        return []
+    out = ["", "(a) throughput, jobs/s (all jobs seeded first; first call to last settle)"]
+    rows = [
+        _row("runtime (local pool, moto DynamoDB)", tp, ps, lambda r: _fmt(r["runtime_jobs_per_s"], 1)),
+        _row("minimal hand-rolled worker", tp, ps, lambda r: _fmt(r["minimal_jobs_per_s"], 1)),
+        _row("ratio runtime / minimal", tp, ps, lambda r: _fmt(r["ratio"])),
+        _row("runtime executor p50 / p95 ms", tp, ps,
+             lambda r: f"{_fmt(r['executor_ms']['p50'], 0)} / {_fmt(r['executor_ms']['p95'], 0)}"),
+        _row("scheduler waits for a free executor", tp, ps, lambda r: _fmt(r["scheduler"]["full_waits"])),
+    ]
+    ceiling = results.get("dynamodb_ceiling_writes_per_s")
+    if ceiling:
+        rows.append(_row(f"emulator bound: {ceiling:.0f} moto writes/s / writes per job", tp, ps,
+                         lambda r: _fmt(ceiling / r["dynamodb"]["writes_per_job"], 1)))
+    out += _table(["", *ps], rows)
+    out.append(f"    target {marks['a_ratio']}")
+
+    out += ["", "(b) HTTP calls per job by endpoint: runtime / minimal worker / protocol minimum"]
+    for p in ps:
+        r = tp[p]
+        names = sorted(set(r["runtime_calls"]) | set(r["minimal_calls"]) | set(r["minimum_calls"]))
+        rows = [[name, _fmt(r["runtime_calls"].get(name, 0.0), 4), _fmt(r["minimal_calls"].get(name, 0.0), 4),
+                 _fmt(r["minimum_calls"].get(name, 0.0), 4)] for name in names]
+        out.append(f"  {p}:")
+        out += _table(["endpoint", "runtime", "minimal", "minimum"], rows)
+    for key, what in (("calls_above_minimum", "beyond the protocol minimum"),
+                      ("calls_above_minimal_worker", "beyond the minimal worker's calls")):
+        parts = [f"{p} " + (", ".join(f"{k} +{round(v * tp[p]['jobs'])}" for k, v in tp[p][key].items())
+                            or "none") for p in ps]
+        out.append(f"    {what} (heartbeats apart), calls in the whole run: " + "; ".join(parts))
+    beats = ", ".join(f"{p} {_fmt(tp[p]['heartbeats_per_job'], 4)}" for p in ps)
+    out.append(f"    heartbeats per job: {beats}")
+    out.append(f"    targets: {marks['b_above_minimum']}; heartbeats {marks['b_heartbeats']}")
+
+    out += ["", "(c) DynamoDB requests per job (runtime; per-tick requests included)"]
+    rows = [_row("writes / job", tp, ps, lambda r: _fmt(r["dynamodb"]["writes_per_job"], 3)),
+            _row("reads / job", tp, ps, lambda r: _fmt(r["dynamodb"]["reads_per_job"], 3)),
+            _row("settled ledger item, bytes", tp, ps, lambda r: _fmt(r["dynamodb"]["ledger_item_bytes"], 0))]
+    out += _table(["", *ps], rows)
+    by_op = tp[ps[0]]["dynamodb"]["by_operation_per_job"]
+    out.append(f"    per job, {ps[0]}: " + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in by_op.items()))
+    out.append(f"    targets: writes {marks['c_writes']}; reads {marks['c_reads']}")
+    return out
+
+
+def _coldstart(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    cold = results.get("coldstart")
+    if not cold:
+        return []
+    out = ["", f"(d) cold start: median wall time of a fresh process, {cold['rounds']} rounds "
+               f"(python -c 'import boto3': {_fmt(cold['boto3_import_median_s'], 3)} s)"]
+    rows = [[key, _fmt(f["median_s"], 3), _fmt(f["ratio_to_boto3"]), _fmt(f["import_s"], 3),
+             _fmt(f["init_s"], 3), str(f.get("modules"))] for key, f in cold["functions"].items()]
+    header = ["function/protocol", "seconds", "ratio", "import app.py", "build runtime", "modules"]
+    out += _table(header, rows)
+    out.append(f"    target {marks['d_ratio']}")
+    return out
+
+
+def _latency(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    lat, ps = _present(results, "latency")
+    if not ps:
+        return []
+    out = ["", "(e) job creation -> handler start, poll window active (jobs arriving one by one)"]
+    rows = [_row("p50 s", lat, ps, lambda r: _fmt(r["p50_s"], 3)),
+            _row("p95 s", lat, ps, lambda r: _fmt(r["p95_s"], 3)),
+            _row("jobs started / seeded", lat, ps, lambda r: f"{r['started']}/{r['jobs']}")]
+    out += _table(["", *ps], rows)
+    out.append(f"    target {marks['e_p50']}")
+    return out
+
+
+def _cost(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    cost = results.get("cost")
+    if not cost:
+        return []
+    out = ["", f"(f) cost, us-east-1 list prices as of {cost['prices_as_of']}, no free tier "
+               "(benchmarks/cost.py)"]
+    per = cost["per_million_jobs"]
+    ps = [p for p in results.get("meta", {}).get("protocols", []) if p in per]
+    if ps:
+        rows = [
+            _row("short path, $ / million jobs", per, ps, lambda c: _fmt(c["short_path_usd"])),
+            _row("  DynamoDB $ (WRU / job incl. GSI)", per, ps,
+                 lambda c: f"{_fmt(c['short_path']['dynamodb_usd'])} "
+                           f"({_fmt(c['short_path']['wru_per_job'], 1)})"),
+            _row("  Lambda $ (executor ms, run alone)", per, ps, _lambda_cell),
+            _row("long-running path, $ / million jobs", per, ps, lambda c: _fmt(c["long_path_usd"])),
+        ]
+        out += _table(["", *ps], rows)
+        lp = per[ps[0]]["long_path"]
+        out.append(f"    long path: {lp['transitions']} state transitions and {lp['lambda_invocations']} "
+                   f"steps invocations per job ({lp['slices']} slice, {lp['renewals']} renewal); "
+                   "handler time excluded")
+    fixed, proposed = cost["fixed_monthly"], cost.get("fixed_monthly_proposed", {}).get("modes", {})
+    out.append(f"  at zero jobs, $ / month ({fixed['ticks_per_month']:.0f} ticks; alarms, custom metrics, "
+               f"logs, X-Ray, secret, DynamoDB: {_fmt(sum(fixed['common'].values()))} of each total)")
+    rows = [[name, _fmt(m["billed_s_per_tick"]), _fmt(m["lambda_compute_usd"]), _fmt(m["total_usd"]),
+             _fmt(m["total_with_free_tier_usd"]), _fmt(proposed.get(name, {}).get("total_usd"))]
+            for name, m in fixed["modes"].items()]
+    out += _table(["liveness", "billed s/tick", "Lambda", "total", "with free tier", "proposed"], rows)
+    out += [f"    {name}: {m['what']}" for name, m in fixed["modes"].items()]
+    if proposed:
+        out.append("    proposed: scheduler at 128 MB on arm64, key in SSM instead of Secrets Manager, "
+                   "no X-Ray on the scheduler, one idle metric, a heartbeat as each window closes")
+    out += [f"    instead, always on: {name} ${_fmt(alt['usd'])} / month ({alt['what']})"
+            for name, alt in cost["always_on"].items()]
+    out.append(f"    targets as configured: liveness while work exists {marks['f_while_work']}; "
+               f"continuous liveness {marks['f_continuous']}")
+    if proposed:
+        out.append("    targets with the proposals: liveness while work exists "
+                   f"{marks['f_while_work_proposed']}; continuous liveness {marks['f_continuous_proposed']}")
+    return out
+
+
+def _lambda_cell(c: dict[str, Any]) -> str:
+    short = c["short_path"]
+    usd = short["lambda_requests_usd"] + short["lambda_gb_seconds_usd"]
+    return f"{_fmt(usd)} ({_fmt(short['executor_ms'], 0)})"
+
+
+def _dispatch(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    disp, ps = _present(results, "dispatch")
+    if not ps:
+        return []
+    out = ["", "(g) scheduler dispatch rate: one tick, enqueue-only dispatcher, backlog seeded first"]
+    rows = [_row("dispatches / s", disp, ps, lambda r: _fmt(r["dispatches_per_s"], 1)),
+            _row("dispatched / seeded", disp, ps, lambda r: f"{r['dispatched']}/{r['deliveries']}"),
+            _row("pull calls", disp, ps, lambda r: ", ".join(f"{k} {v}" for k, v in r["pull_calls"].items())),
+            _row("pull ms per delivery (serial)", disp, ps, lambda r: _fmt(r["pull_ms_per_delivery"], 1)),
+            _row("record ms each (16 in parallel)", disp, ps, lambda r: _fmt(r["record_ms_each"], 1))]
+    out += _table(["", *ps], rows)
+    out.append(f"    target {marks['g_rate']}")
+    return out
+
+
+def render(results: dict[str, Any]) -> str:
+    meta = results.get("meta", {})
+    marks = verdicts(results)
+    out = [f"serverless-worker benchmarks, {meta.get('started', '')}, commit {meta.get('commit')}, "
+           f"{meta.get('cpus')} CPUs, load average {meta.get('load_before')} -> {meta.get('load_after')}",
+           f"{meta.get('jobs')} jobs per protocol, concurrency {meta.get('concurrency')}, batch "
+           f"{meta.get('batch_size')}, {'quick' if meta.get('quick') else 'full'} mode, "
+           f"{_fmt(meta.get('seconds'), 0)} s"]
+    for section in (_throughput, _coldstart, _latency, _cost, _dispatch):
+        out += section(results, marks)
+    if results.get("errors"):
+        out += ["", "errors: " + "; ".join(results["errors"])]
+    return "\n".join(out)

@@ -1,0 +1,199 @@
+"""``python -m benchmarks.run [--quick]``: every benchmark in one run, then the table on
+stdout and everything as JSON in ``bench-results/bench.json`` (the table beside it).
+
+Order: the emulated DynamoDB's own write rate; per protocol the throughput pair (minimal
+worker, then runtime), latency, dispatch rate, an idle tick and lone executor runs, all
+against one embedded moto server (a fresh table each); then the cold starts (fresh
+processes, nothing else running); then the cost model, which only does arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .harness import PROTOCOLS
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+IDLE_WINDOW = 2.0  # the "liveness only while work exists" window: one poll when idle
+STEPS = ("throughput", "latency", "dispatch", "idle", "coldstart")
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small counts: every piece, in two minutes")
+    parser.add_argument("--jobs", type=int, help="jobs per protocol for throughput (default 2000; quick 100)")
+    parser.add_argument("--concurrency", type=int, help="executors, and minimal-worker runners "
+                                                        "(default: the template's reserved concurrency)")
+    parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
+    parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="leave these measurements out")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "bench.json")
+    return parser.parse_args(argv)
+
+
+def _say(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def _git() -> str | None:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5,
+                              check=False)
+        return done.stdout.strip()
+
+    try:
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain")
+    except OSError:
+        return None
+    return f"{head}{'+dirty' if dirty else ''}" if head else None
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    from .rig import template_defaults
+
+    defaults = template_defaults()
+    jobs = args.jobs or (100 if args.quick else 2000)
+    concurrency = args.concurrency or defaults["reserved_concurrency"]
+    started = time.perf_counter()
+    meta = {"started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "quick": args.quick, "jobs": jobs,
+            "concurrency": concurrency, "batch_size": defaults["batch_size"],
+            "max_in_flight": defaults["max_in_flight"],
+            "poll_window_seconds": defaults["poll_window_seconds"],
+            "protocols": args.protocols, "cpus": os.cpu_count(), "load_before": _load(),
+            "python": platform.python_version(), "commit": _git(), "template": defaults}
+    results: dict[str, Any] = {"meta": meta, "throughput": {}, "latency": {}, "dispatch": {}, "idle_tick": {},
+                               "executor_alone": {}, "errors": []}
+    _measure_with_aws(args, results, defaults, jobs=jobs, concurrency=concurrency)
+    if "coldstart" not in args.skip:
+        from .coldstart import FUNCTIONS, measure_coldstart
+
+        cases = [(fn, "pipelogiq") for fn in FUNCTIONS]  # the template's default protocol
+        if args.quick:
+            cases = [("executor", "pipelogiq"), ("scheduler", "pipelogiq")]
+        rounds = 2 if args.quick else 5
+        _say(f"cold start: {len(cases)} entry points and boto3, {rounds} rounds")
+        results["coldstart"] = measure_coldstart(rounds, cases)
+    results["cost"] = _cost(results, defaults)
+    meta["load_after"] = _load()
+    meta["seconds"] = time.perf_counter() - started
+
+    from .report import render, verdicts
+
+    results["verdicts"] = verdicts(results)
+    table = render(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    args.out.with_suffix(".txt").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    _say(f"wrote {args.out} in {meta['seconds']:.0f} s")
+    return 0
+
+
+def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], defaults: dict[str, Any], *,
+                      jobs: int, concurrency: int) -> None:
+    from serverless_worker.local.aws import EmbeddedAws
+
+    from .dispatch_rate import measure_dispatch_rate
+    from .idle import measure_executor_alone, measure_idle_tick
+    from .latency import measure_latency
+    from .rig import dynamodb_ceiling
+    from .throughput import measure_throughput
+
+    quick, skip = args.quick, set(args.skip)
+    shape = {"batch_size": defaults["batch_size"], "max_in_flight": defaults["max_in_flight"],
+             "concurrency": concurrency}
+    aws = EmbeddedAws.start(pool_size=concurrency + 32)
+    try:
+        _say("emulated DynamoDB: write rate")
+        results["dynamodb_ceiling_writes_per_s"] = dynamodb_ceiling(aws, threads=concurrency,
+                                                                   writes=200 if quick else 400)
+        for protocol in args.protocols:
+            if "throughput" not in skip:
+                _say(f"{protocol}: throughput, {jobs} jobs, minimal worker then runtime")
+                result = measure_throughput(aws, protocol, jobs=jobs, timeout=120.0 if quick else 420.0,
+                                            poll_window=defaults["poll_window_seconds"], **shape)
+                results["throughput"][protocol] = result.as_dict()
+                results["errors"] += result.errors
+                _say(f"{protocol}: runtime {result.runtime_jobs_per_s or 0:.1f} jobs/s, "
+                     f"minimal {result.minimal_jobs_per_s or 0:.1f} jobs/s")
+            if "latency" not in skip:
+                _say(f"{protocol}: latency")
+                results["latency"][protocol] = measure_latency(
+                    aws, protocol, jobs=20 if quick else 60, rate=10.0,
+                    poll_window=defaults["poll_window_seconds"], **shape)
+            if "dispatch" not in skip:
+                _say(f"{protocol}: dispatch rate")
+                results["dispatch"][protocol] = measure_dispatch_rate(
+                    aws, protocol, deliveries=100 if quick else 300, batch_size=defaults["batch_size"])
+            if "idle" not in skip:
+                _say(f"{protocol}: idle tick, executor alone")
+                results["idle_tick"][protocol] = measure_idle_tick(aws, protocol, window=IDLE_WINDOW, **shape)
+                results["executor_alone"][protocol] = measure_executor_alone(aws, protocol,
+                                                                             jobs=5 if quick else 20)
+    finally:
+        aws.close()
+
+
+def _cost(results: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    from . import cost
+
+    asl = json.loads((ROOT / "functions" / "statemachine" / "worker.asl.json").read_text(encoding="utf-8"))
+    long_path = cost.long_path_transitions(asl)
+    memory = defaults["memory_mb"]
+    per_million = {}
+    for protocol, tp in results["throughput"].items():
+        alone = results["executor_alone"].get(protocol, {}).get("mean_ms")
+        executor_ms = alone if alone is not None else tp["executor_ms"]["mean"]
+        per_million[protocol] = cost.per_million_jobs(
+            protocol=protocol, dynamodb=tp["dynamodb"], executor_ms=executor_ms or 0.0,
+            executor_memory_mb=memory["ExecutorFunction"], steps_memory_mb=memory["StepsFunction"],
+            long_path=long_path)
+    idle_ticks = list(results["idle_tick"].values())
+    idle = max(idle_ticks, key=lambda t: t["duration_s"]) if idle_ticks else {}
+    schedule = defaults["schedule"]
+    minutes = float(schedule.split("(")[1].split()[0]) if schedule.startswith("rate(") else 1.0
+    alarms = _count_alarms()
+    fixed = {"idle": idle, "schedule_minutes": minutes, "window_s": defaults["poll_window_seconds"],
+             "alarms": alarms}
+    return {
+        "prices_as_of": cost.PRICES_AS_OF,
+        "prices": {name: {"usd": p.usd, "unit": p.unit, "source": p.source}
+                   for name, p in cost.PRICES.items()},
+        "per_million_jobs": per_million,
+        "fixed_monthly": cost.fixed_monthly(scheduler_memory_mb=memory["SchedulerFunction"], **fixed),
+        # The proposals priced: 128 MB arm64 scheduler, the key in SSM, no X-Ray on the scheduler,
+        # one idle metric (SuccessfulPolls, which the silent-poller alarm needs), a closing heartbeat.
+        "fixed_monthly_proposed": cost.fixed_monthly(scheduler_memory_mb=128, arm64=True, secret=False,
+                                                     tracing=False, metrics_at_idle=1, final_heartbeat=True,
+                                                     **fixed),
+        "always_on": cost.always_on_alternatives(),
+        "alarms_in_template": alarms,
+    }
+
+
+def _count_alarms() -> int:
+    from serverless_worker.local.template import load_template
+
+    resources = load_template().get("Resources", {})
+    return sum(1 for r in resources.values() if r.get("Type") == "AWS::CloudWatch::Alarm")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Command-line flags generated from the one :class:`~serverless_worker.config.Settings`
+model: ``--batch-size`` is ``SW_BATCH_SIZE`` is the template parameter ``BatchSize``.
+
+Flag values are handed to the model as the strings an environment variable would hold,
+so a flag and its variable are parsed and validated by the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any
+
+from ..config import ENV_PREFIX, Settings
+
+__all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "env_name", "flag_names",
+           "settings_from_args"]
+
+# The key itself never goes on a command line (shell history, ps): --api-key-env names a variable.
+NO_FLAG = frozenset({"api_key"})
+# Set by the stack for its functions; the local command builds its own.
+LAMBDA_ONLY = frozenset({"executor_function_name", "state_machine_arn", "table_name", "schedule_seconds"})
+# Shorter names the local command also accepts.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "base_url": ("--url",),
+    "executor_reserved_concurrency": ("--concurrency",),
+    "until_idle_seconds": ("--until-idle",),
+}
+_DEST = "setting_"
+_METAVARS = {"base_url": "URL", "handler_module": "MODULE_OR_PATH", "instance_id": "ID", "log_level": "LEVEL",
+             "api_key_secret_arn": "ARN", "api_key_parameter": "NAME"}
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def flag_names(field: str) -> tuple[str, ...]:
+    """``("--batch-size",)`` plus any alias; empty for settings that are never flags."""
+    if field in NO_FLAG or field in LAMBDA_ONLY:
+        return ()
+    return ("--" + field.replace("_", "-"), *ALIASES.get(field, ()))
+
+
+def _kind(annotation: Any) -> type | None:
+    """The plain type inside ``X | None`` / ``Annotated[X, ...]`` / ``Literal[...]`` (None for others)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _kind(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _kind(inner[0]) if len(inner) == 1 else None
+    return annotation if isinstance(annotation, type) else origin
+
+
+def _choices(annotation: Any) -> list[str] | None:
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    return None
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (see :func:`flag_names`), each defaulting to "not given"."""
+    group = parser.add_argument_group(
+        "settings", "each flag is also an environment variable (--batch-size is SW_BATCH_SIZE); "
+                    "the flag wins. `serverless-worker config` lists them all.")
+    for name, field in Settings.model_fields.items():
+        options = flag_names(name)
+        if not options:
+            continue
+        kind = _kind(field.annotation)
+        help_text = f"{(field.description or '').replace('%', '%%')} [{env_name(name)}]"
+        kwargs: dict[str, Any] = {"dest": _DEST + name, "default": None, "help": help_text}
+        choices = _choices(field.annotation)
+        if kind is bool:
+            kwargs.update(action="store_const", const="true")
+        elif choices:
+            kwargs.update(choices=choices, metavar="|".join(choices))
+        elif kind is list:
+            kwargs.update(nargs="+", metavar="NAME")
+        elif kind in (int, float):
+            kwargs.update(metavar="SECONDS" if "seconds" in name or "timeout" in name else "N")
+        elif kind is dict:
+            kwargs.update(metavar="JSON")
+        else:
+            kwargs.update(metavar=_METAVARS.get(name, "VALUE"))
+        group.add_argument(*options, **kwargs)
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags, by field name (lists joined the way SW_HANDLERS reads them)."""
+    given: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        value = getattr(args, _DEST + name, None)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            value = ",".join(part.strip() for item in value for part in item.split(",") if part.strip())
+        given[name] = value
+    return given

@@ -1,0 +1,108 @@
+"""The settings table, generated from the ``Settings`` model and template.yaml, so the
+README's copy is regenerated rather than maintained (``serverless-worker config --markdown``).
+
+Each row: the setting, its environment variable, its flag on the local command, the
+template parameter (or resource) the stack feeds it from, its default (and the local
+command's own default where it differs), and the field's description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic_core import PydanticUndefined
+
+from ..config import Settings
+from ..errors import ConfigurationError
+from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
+from ._flags import LAMBDA_ONLY, NO_FLAG, env_name, flag_names
+
+__all__ = ["SettingRow", "settings_rows", "to_markdown"]
+
+
+@dataclass(frozen=True)
+class SettingRow:
+    name: str
+    env: str
+    flags: str
+    template: str
+    default: str
+    local_default: str
+    description: str
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    if value is None:
+        return "unset"
+    if value in ([], {}):
+        return "empty"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def _template_column(source: Any) -> str:
+    if source is None:
+        return "-"
+    parts = [f"`{p}`" for p in source.parameters]
+    parts += [f"`{r}` (resource)" for r in source.resources]
+    if not parts and source.literal is not None:
+        parts.append(f"fixed `{source.literal}`")
+    return ", ".join(parts) or "-"
+
+
+def _flag_column(name: str) -> str:
+    if name in NO_FLAG:
+        return "never a flag: `--api-key-env NAME` reads it from NAME"
+    if name in LAMBDA_ONLY:
+        return "- (set by the stack)"
+    return ", ".join(f"`{flag}`" for flag in flag_names(name))
+
+
+def _local_default(name: str) -> str:
+    parts = []
+    if name in LOCAL_DEFAULTS:
+        parts.append(f"`{LOCAL_DEFAULTS[name]}`")
+    if name in DEMO_DEFAULTS:
+        parts.append(f"`{DEMO_DEFAULTS[name]}` (built-in demo)")
+    if name == "base_url":
+        parts.append("the built-in sandbox")
+    if name == "api_key":
+        parts.append("a fresh key for the built-in sandbox")
+    return ", ".join(parts)
+
+
+def settings_rows(template: Path | None = None) -> list[SettingRow]:
+    """One row per ``Settings`` field, in the model's order."""
+    sources: dict[str, Any] | None
+    try:
+        from ..local.template import environment_sources, load_template  # PyYAML: the local extra
+
+        sources = environment_sources(load_template(template))
+    except (ConfigurationError, ImportError):
+        sources = None  # no template.yaml here (or no PyYAML): the column says so
+    rows = []
+    for name, field in Settings.model_fields.items():
+        env = env_name(name)
+        column = _template_column(sources.get(env)) if sources is not None else "(no template.yaml found)"
+        rows.append(SettingRow(name=name, env=env, flags=_flag_column(name), template=column,
+                               default=_default(field), local_default=_local_default(name),
+                               description=field.description or ""))
+    return rows
+
+
+def to_markdown(rows: list[SettingRow]) -> str:
+    header = ("| setting | environment variable | local flag | template parameter | default "
+              "| local default | description |")
+    lines = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        cells = [f"`{row.name}`", f"`{row.env}`", row.flags, row.template, row.default, row.local_default,
+                 row.description]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""``serverless-worker local``: run the worker on this machine, with the Lambda stack's code.
+
+Without ``--url`` (or ``SW_BASE_URL``) it is the demo: a built-in sandbox seeded with
+jobs for the example handlers, worked until idle. With ``--url`` it is a worker for a
+real server, for development or a plain VM, until Ctrl-C (or ``--until-idle``). Every
+setting is a flag named after its ``SW_*`` variable (``serverless-worker config``), read
+and validated by the one settings model before anything starts; a bad one exits 2 with
+a message naming it.
+
+Example::
+
+    serverless-worker local --protocol priostack
+    MY_KEY=... serverless-worker local --url https://jobs.example.com --api-key-env MY_KEY
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..config import Settings
+from ..errors import ConfigurationError
+from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
+from ._flags import add_settings_flags, env_name, flag_names, settings_from_args
+
+__all__ = ["build_settings", "register", "run"]
+
+# Until our own sandbox listens (on a port the OS picks), the settings need some URL.
+_PLACEHOLDER_URL = "http://127.0.0.1:1"
+# Loggers that would print request bodies (delivery tokens in ledger items) at DEBUG.
+_WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer", "websockets", "uvicorn", "uvicorn.error")
+
+_EPILOG = """\
+examples:
+  serverless-worker local                                  the demo: built-in Pipelogiq sandbox
+  serverless-worker local --protocol claimqueue --transport socket
+  MY_KEY=... serverless-worker local --url https://jobs.example.com --api-key-env MY_KEY \\
+      --handler-module my_handlers.py --handlers resize --concurrency 8
+  serverless-worker local --protocol claimqueue --url http://127.0.0.1:8083 --api-key-env TOKEN \\
+      --queue resize --criteria '{"format": "jpg"}' --until-idle 10
+
+Ctrl-C or SIGTERM drains: no new pulls, running jobs finish, unstarted ones go back; a
+second Ctrl-C stops at once. Exit status 0 only when every job taken has a definite outcome.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``local`` subcommand."""
+    parser = subparsers.add_parser(
+        "local", help="run the worker here: the demo, or a worker for a real server (--url)",
+        description="Run the scheduler, executors and state-machine steps of the Lambda stack in this "
+                    "process, with DynamoDB and Step Functions embedded (moto). Without --url it works "
+                    "demo jobs on a built-in sandbox until idle.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--api-key-env", metavar="NAME",
+                        help="the environment variable that holds the API key or bearer token (the key "
+                             "itself is never a flag); default SW_API_KEY")
+    parser.add_argument("--queue", metavar="NAME",
+                        help="claim queue to work (the same as --handlers NAME); with it, --criteria is "
+                             "that queue's criteria object, e.g. '{\"format\": \"jpg\"}'")
+    add_settings_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings, own_sandbox = build_settings(args)
+    from rich.console import Console
+
+    from ..local.runner import EXIT_FORCED, LocalRunner
+
+    live = sys.stdout.isatty()
+    console = Console(highlight=False, width=None if live else 120)
+    _configure_logging(settings.log_level, console, live)
+    status = LocalRunner(settings, own_sandbox=own_sandbox, console=console, live=live).run()
+    if status == EXIT_FORCED:
+        # A second Ctrl-C means now: do not wait for handler threads still running.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def build_settings(args: argparse.Namespace) -> tuple[Settings, bool]:
+    """The validated settings and whether the run uses its own sandbox; ConfigurationError
+    names every bad setting (its variable and flag) at once."""
+    given = settings_from_args(args)
+    problems: list[str] = []
+    if args.queue is not None:
+        _queue(args.queue, given, problems)
+    if args.api_key_env is not None:
+        value = os.environ.get(args.api_key_env, "")
+        if not value.strip():
+            problems.append(f"--api-key-env {args.api_key_env}: the environment variable "
+                            f"{args.api_key_env} is not set")
+        else:
+            given["api_key"] = value
+    own_sandbox = "base_url" not in given and not os.environ.get(env_name("base_url"), "").strip()
+    values: dict[str, Any] = {}
+    for name, value in {**LOCAL_DEFAULTS, **(DEMO_DEFAULTS if own_sandbox else {})}.items():
+        if not os.environ.get(env_name(name), "").strip():
+            values[name] = value
+    values.update(given)
+    if own_sandbox:
+        values["base_url"] = _PLACEHOLDER_URL
+    try:
+        settings = Settings(**values)
+    except ConfigurationError as err:
+        raise ConfigurationError(_message(_lines(str(err)) + problems + _cross_checks(
+            lambda name: values.get(name) or os.environ.get(env_name(name)), own_sandbox,
+            key_problem=args.api_key_env is not None))) from None
+    problems += _cross_checks(lambda name: getattr(settings, name), own_sandbox,
+                              key_problem=args.api_key_env is not None)
+    if problems:
+        raise ConfigurationError(_message(problems))
+    return settings, own_sandbox
+
+
+def _queue(queue: str, given: dict[str, Any], problems: list[str]) -> None:
+    if "handlers" in given:
+        problems.append("--queue, --handlers: give one of them (a claim queue's name is its handler's)")
+    given["handlers"] = queue
+    if "criteria" not in given:
+        return
+    try:
+        criteria = json.loads(given["criteria"])
+    except ValueError:
+        problems.append(f"{env_name('criteria')} (--criteria): is not valid JSON")
+        return
+    if not isinstance(criteria, dict):
+        problems.append(f"{env_name('criteria')} (--criteria): with --queue, must be the queue's criteria "
+                        'object, {"field": matcher}')
+        return
+    given["criteria"] = json.dumps({queue: criteria})
+
+
+def _cross_checks(value: Callable[[str], Any], own_sandbox: bool, *, key_problem: bool) -> list[str]:
+    """Rules across settings, on validated settings or (when those failed) on the raw values."""
+    problems = []
+    protocol = str(value("protocol") or "pipelogiq").strip().lower()
+    if str(value("transport") or "http").strip().lower() == "socket" and protocol != "claimqueue":
+        problems.append(f"{env_name('transport')} (--transport): socket is the claim queue's work socket; "
+                        f"{protocol} has only http")
+    has_key = value("api_key") or value("api_key_secret_arn") or value("api_key_parameter")
+    if not own_sandbox and not has_key and not key_problem:
+        problems.append(f"{env_name('api_key')}: no API key for {value('base_url')}; pass --api-key-env NAME "
+                        f"(the variable holding it) or set {env_name('api_key_secret_arn')} or "
+                        f"{env_name('api_key_parameter')}")
+    return problems
+
+
+_SETTING_LINE = re.compile(r"^(SW_[A-Z0-9_]+)(?=[: ,\[])")
+
+
+def _lines(message: str) -> list[str]:
+    """The model's ``SW_NAME: problem`` lines, each naming the flag too."""
+    body = message.removeprefix("invalid settings:").strip("\n")
+    lines = [line.strip() for line in body.splitlines() if line.strip()]
+    return [_SETTING_LINE.sub(_with_flag, line) for line in lines]
+
+
+def _with_flag(match: re.Match[str]) -> str:
+    env = match.group(1)
+    flags = flag_names(env.removeprefix("SW_").lower())
+    return f"{env} ({', '.join(flags)})" if flags else env
+
+
+def _message(lines: list[str]) -> str:
+    return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def _configure_logging(level: str, console: Any, live: bool) -> None:
+    """Warnings and up on the console (rich on a terminal, plain on stderr otherwise)."""
+    handler: logging.Handler
+    if live:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for name in _WIRE_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -1,0 +1,111 @@
+"""The built-in demo: a sandbox job server of our own on a free loopback port, seeded
+with jobs for the example handlers (functions/handlers): every outcome once.
+
+The sandbox is configured to accept only this run's API key, so the demo exercises the
+same credential path as a real server (and proves the key never reaches the output).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..sandbox import create_sandbox
+
+__all__ = ["DEMO_JOBS", "OwnSandbox", "demo_seeds", "job_creation_times", "new_key",
+           "sandbox_credential_config"]
+
+DECLINED_CARD = "4000000000000002"  # functions/handlers/examples.py declines this card
+
+# handler -> inputs, one per job; every outcome the examples can produce, once.
+DEMO_JOBS: dict[str, list[dict[str, Any]]] = {
+    "echo": [{"message": "hello"}, {"message": "from serverless-worker"}],
+    "payment-processor": [
+        {"orderId": "A-1001", "amount": 25.0, "currency": "EUR"},                            # charged
+        {"orderId": "A-1002", "amount": 99.5, "currency": "USD", "cardNumber": DECLINED_CARD},  # declined
+        {"orderId": "", "amount": -1, "currency": "euro"},                                   # bad input
+    ],
+    "sleepy": [{"seconds": 1.5}],
+    "slow-report": [{"pages": 3}],
+}
+
+_SEED_FORMATS = {
+    "pipelogiq": lambda handler, inputs: {"handler": handler, "inputs": inputs},
+    "priostack": lambda handler, inputs: {"jobs": [{"type": handler, "variables": v, "retries": 3}
+                                                   for v in inputs]},
+    "claimqueue": lambda handler, inputs: {"queue": handler, "items": inputs},
+}
+
+
+def sandbox_credential_config(protocol: str, key: str) -> dict[str, Any]:
+    """Sandbox config accepting exactly ``key`` (each sandbox names its credential list its own way)."""
+    configs: dict[str, dict[str, Any]] = {"pipelogiq": {"api_keys": {key: 12}},
+                                          "priostack": {"api_keys": [key]},
+                                          "claimqueue": {"tokens": [key]}}
+    return configs[protocol]
+
+
+def demo_seeds(protocol: str, handlers: Iterable[str]) -> list[dict[str, Any]]:
+    """Admin seed bodies for the demo jobs of ``handlers`` (those the demo has jobs for)."""
+    return [_SEED_FORMATS[protocol](name, DEMO_JOBS[name]) for name in handlers if name in DEMO_JOBS]
+
+
+@dataclass
+class OwnSandbox:
+    """A sandbox this run started and stops; ``url`` is its loopback address."""
+
+    server: Any
+    protocol: str
+    seeded: int = 0
+
+    @property
+    def url(self) -> str:
+        return str(self.server.url)
+
+    @classmethod
+    def start(cls, protocol: str, key: str) -> OwnSandbox:
+        from ..sandbox._server import SandboxServer
+
+        sandbox = create_sandbox(protocol, **sandbox_credential_config(protocol, key))
+        return cls(server=SandboxServer(sandbox).start(), protocol=protocol)
+
+    def seed(self, bodies: list[dict[str, Any]]) -> int:
+        """Create the jobs through the admin API (the sandbox's state lives on its event loop);
+        seeded when the worker is ready, so latencies measure the worker, not its start-up."""
+        from ..sandbox.admin import SandboxAdmin
+
+        admin = SandboxAdmin(self.url)
+        try:
+            for body in bodies:
+                admin.seed(body)
+            self.seeded = len(admin.jobs())
+        finally:
+            admin.close()
+        return self.seeded
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def job_creation_times(jobs: list[dict[str, Any]]) -> dict[str, float]:
+    """Job id -> creation time, from a sandbox's ``GET /_admin/jobs``.
+
+    Each sandbox names its id field its own way (``job_id``, ``key``, ``id``); the time is
+    ``created_at``, or the first history entry's ``at``.
+    """
+    created: dict[str, float] = {}
+    for job in jobs:
+        job_id = job.get("job_id") or job.get("key") or job.get("id")
+        when = job.get("created_at")
+        if when is None and job.get("history"):
+            when = job["history"][0].get("at")
+        if job_id is not None and isinstance(when, int | float):
+            created[str(job_id)] = float(when)
+    return created
+
+
+def new_key() -> str:
+    """A fresh credential for our own sandbox, valid for one run."""
+    return f"local-{secrets.token_urlsafe(18)}"

@@ -1,0 +1,109 @@
+"""Fan-out for the local runner: the executor runs in a bounded thread pool, with a
+Lambda-like context (a real deadline and a request id), instead of an async ``Invoke``;
+long-running jobs start an execution of the real state machine in the embedded Step
+Functions, exactly as in AWS.
+
+An executor invocation that raises is retried with the same request id, as Lambda
+retries an async invocation (``MaximumRetryAttempts`` in template.yaml), so the
+executor's "never run a handler twice" path runs locally too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..runtime.context import LambdaContextLike, LocalContext
+from ..runtime.dispatch import AwsDispatcher, Dispatcher, DispatchError
+from .observe import RunObserver
+
+__all__ = ["ExecutorEntry", "LocalDispatcher"]
+
+log = logging.getLogger("serverless_worker.local")
+
+ExecutorEntry = Callable[[str, LambdaContextLike], dict[str, Any]]
+
+
+class LocalDispatcher(Dispatcher):
+    """Executors in ``concurrency`` threads; executions through ``sfn_client``.
+
+    ``attach(entry)`` gives it the executor entry (``execute`` bound to the shared
+    Services), which is built after the dispatcher it contains.
+    """
+
+    def __init__(self, *, concurrency: int, executor_timeout: float, observer: RunObserver,
+                 state_machine_arn: str | None = None, sfn_client: Any = None, retries: int = 2,
+                 retry_delay: float = 1.0) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="executor")
+        self._timeout = executor_timeout
+        self._observer = observer
+        self._retries = retries
+        self._retry_delay = retry_delay
+        self._entry: ExecutorEntry | None = None
+        self._closed = threading.Event()
+        self._sfn_client = sfn_client
+        self._executions = AwsDispatcher(executor_function=None, state_machine_arn=state_machine_arn,
+                                         sfn_client=sfn_client) if state_machine_arn else None
+        self.concurrency = concurrency
+
+    def attach(self, entry: ExecutorEntry) -> None:
+        self._entry = entry
+
+    # -- Dispatcher ----------------------------------------------------------------------
+    def invoke_executor(self, ledger_key: str) -> None:
+        if self._entry is None:
+            raise DispatchError("the local dispatcher has no executor attached")
+        if self._closed.is_set():
+            raise DispatchError("the local executor pool is shut down")
+        try:
+            self._pool.submit(self._invoke, ledger_key)
+        except RuntimeError as err:  # shut down between the check and the submit
+            raise DispatchError("the local executor pool is shut down") from err
+        self._observer.arrived()
+
+    def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
+        if self._executions is None:
+            raise DispatchError("no state machine: the local runner found no long-running handler")
+        self._executions.start_execution(ledger_key, handover_epoch)
+        if handover_epoch is None:  # a continue-as-new is the same job, not a new arrival
+            self._observer.arrived()
+
+    @property
+    def sfn_client(self) -> Any:
+        """The embedded Step Functions client (task-token callbacks use it)."""
+        return self._sfn_client
+
+    # -- the pool ------------------------------------------------------------------------
+    def _invoke(self, ledger_key: str) -> None:
+        assert self._entry is not None
+        self._observer.executor_started()
+        failed = False
+        request_id = str(uuid.uuid4())  # kept across retries, as Lambda keeps it
+        try:
+            for attempt in range(1 + self._retries):
+                context = LocalContext("executor", timeout_seconds=self._timeout, aws_request_id=request_id)
+                try:
+                    self._entry(ledger_key, context)
+                    return
+                except Exception as err:
+                    # Messages of the project's errors never carry secrets; a handler's own
+                    # exception never reaches here (it becomes the job's outcome).
+                    left = self._retries - attempt
+                    log.warning("executor for %s failed (%s: %s)%s", ledger_key, type(err).__name__, err,
+                                f"; retrying ({left} left)" if left else "; giving up")
+                    if not left:
+                        failed = True
+                        return
+                    time.sleep(self._retry_delay * (attempt + 1))
+        finally:
+            self._observer.executor_finished(failed)
+
+    def close(self, wait: bool = True) -> None:
+        """Refuse new invocations; with ``wait``, let the queued and running ones finish."""
+        self._closed.set()
+        self._pool.shutdown(wait=wait)

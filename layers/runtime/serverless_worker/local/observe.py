@@ -1,0 +1,93 @@
+"""What the local runner sees as it happens, kept in memory: arrivals, executors running,
+handler starts. Nothing here does I/O, so watching a run adds no calls per job.
+
+Handler starts are taken by wrapping each handler function (``instrument``): the ledger
+knows when a run was claimed, but only the wrapper knows when the handler itself began.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..handlers import HandlerRegistry
+
+__all__ = ["RunObserver", "instrument"]
+
+
+class RunObserver:
+    """Thread-safe counters of one local run."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.started_at = clock()
+        self.arrivals = 0
+        self.last_arrival: float | None = None
+        self.executors_running = 0
+        self.executor_errors = 0
+        self.handler_runs = 0
+        self.handler_starts: dict[str, float] = {}  # ledger id -> wall time the handler first started
+        self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
+
+    def restart_clock(self) -> None:
+        """Idleness counts from now (the worker is ready), not from when start-up began."""
+        with self._lock:
+            self.started_at = self._clock()
+
+    def arrived(self) -> None:
+        """A delivery was recorded and dispatched (an executor or an execution is on its way)."""
+        with self._lock:
+            self.arrivals += 1
+            self.last_arrival = self._clock()
+
+    def executor_started(self) -> None:
+        with self._lock:
+            self.executors_running += 1
+
+    def executor_finished(self, failed: bool) -> None:
+        with self._lock:
+            self.executors_running -= 1
+            self.executor_errors += int(failed)
+        self.capacity.set()
+
+    def handler_started(self, ledger_id: str) -> None:
+        now = time.time()
+        with self._lock:
+            self.handler_runs += 1
+            self.handler_starts.setdefault(ledger_id, now)  # a continued job keeps its first start
+
+    def quiet_for(self) -> float:
+        """Seconds since the last arrival (or since the run started)."""
+        with self._lock:
+            last = self.last_arrival if self.last_arrival is not None else self.started_at
+        return self._clock() - last
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"arrivals": self.arrivals, "executors_running": self.executors_running,
+                    "executor_errors": self.executor_errors, "handler_runs": self.handler_runs}
+
+
+def _timed(fn: Callable[..., Any], observer: RunObserver) -> Callable[..., Any]:
+    """``fn`` noting when it starts; an ``async def`` handler's coroutine passes through unchanged."""
+
+    def run(job: Any) -> Any:
+        observer.handler_started(str(job.ledger_id))
+        return fn(job)
+
+    run.__name__ = getattr(fn, "__name__", "handler")
+    run.__qualname__ = getattr(fn, "__qualname__", run.__name__)
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def instrument(registry: HandlerRegistry, observer: RunObserver) -> HandlerRegistry:
+    """A registry with the same handlers, each noting its start in ``observer``."""
+    timed = HandlerRegistry()
+    for spec in registry.specs():
+        timed.register(dataclasses.replace(spec, fn=_timed(spec.fn, observer)))
+    return timed

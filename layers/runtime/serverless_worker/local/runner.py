@@ -1,0 +1,383 @@
+"""``serverless-worker local``: the Lambda stack's code, run in one process.
+
+The same scheduler, executor and state-machine steps as in Lambda, with the AWS parts
+embedded: scheduler ticks run back to back (each one poll window, as the EventBridge
+schedule would start them), every delivery's executor runs in a bounded thread pool
+with a Lambda-like context, long-running jobs go through the real ASL in moto's Step
+Functions, and the state table is moto's DynamoDB built from template.yaml. Against
+the built-in sandbox it is a demo; pointed at a real server, a worker for development or
+a plain VM.
+
+Stopping (Ctrl-C, SIGTERM, or ``until_idle_seconds`` without work) is the runtime's
+drain: stop pulling, hand back what never started, let running jobs finish, shut the
+worker down; then the summary. The exit status is 0 only when the ledger says every job
+taken reached a definite outcome.
+
+Example::
+
+    runner = LocalRunner(settings, own_sandbox=True, console=Console(), live=True)
+    sys.exit(runner.run())
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from pydantic import SecretStr
+
+from ..errors import ServerlessWorkerError
+from ..runtime.context import LambdaContextLike, LocalContext
+from ..runtime.drain import DrainReport, drain
+from ..runtime.executor import execute
+from ..runtime.scheduler import Scheduler, TickReport
+from ..runtime.services import Services
+from ..runtime.steps import run_step
+from ..state import StateStore
+from .aws import EmbeddedAws
+from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
+from .dispatcher import LocalDispatcher
+from .handlers import load_local_handlers
+from .observe import RunObserver, instrument
+from .progress import Progress, Status
+from .project import find_project_root
+from .summary import RunSummary, read_ledger, render_summary, summarize
+
+__all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"]
+
+log = logging.getLogger("serverless_worker.local")
+
+EXIT_INCOMPLETE = 1      # a job was left without a definite outcome, or the server was never reached
+EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permissions, names)
+EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
+
+# A tick that ends with one of these cannot succeed by trying again: the configuration is wrong.
+_FATAL_ERRORS = frozenset({"ConfigurationError", "InvalidApiKeyError", "AuthenticationError",
+                           "ForbiddenError", "BadRequestError", "NotFoundError"})
+_POLL = 0.25  # how often the controller refreshes the status and checks for idleness
+
+
+@dataclass
+class _Stop:
+    """Why the run is stopping, and with which exit status if not the ledger's verdict."""
+
+    reason: str
+    exit_status: int | None = None
+
+
+class LocalRunner:
+    """One local run; ``run()`` returns the process exit status."""
+
+    def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool) -> None:
+        self.settings = settings
+        self.own_sandbox = own_sandbox
+        self.console = console
+        self.live = live
+        self._stop_requested = threading.Event()   # set from a signal, idleness or a fatal tick
+        self._hurry = threading.Event()            # a second signal: stop waiting
+        self._stop: _Stop | None = None
+        self._stop_lock = threading.Lock()
+        self._reached_server = False
+        self._server_errors = 0
+        self._observer = RunObserver()
+        self._services: Services      # set by _work, before anything reads them
+        self._scheduler: Scheduler
+        self._tick_timeout = 120.0
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> int:
+        started = time.monotonic()
+        root = find_project_root()
+        loaded = load_local_handlers(self.settings.handler_module, root, list(self.settings.handlers))
+        registry = instrument(loaded, self._observer)
+        names = list(self.settings.handlers) or registry.names()
+        with ExitStack() as cleanup:
+            # First: a SIGTERM during start-up then drains (nothing taken yet) instead of killing.
+            cleanup.callback(self._restore_signals, self._install_signals())
+            sandbox = self._start_sandbox(cleanup) if self.own_sandbox else None
+            services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
+            if sandbox is not None:
+                sandbox.seed(demo_seeds(self.settings.protocol, names))
+            self._banner(sandbox, aws, names, dispatcher.concurrency,
+                         any(registry.get(name).long_running for name in names))
+            progress = Progress(self.console, live=self.live).start()
+            cleanup.callback(progress.stop)
+            forced = self._work(services, scheduler, dispatcher, progress)
+            progress.stop()
+            summary = self._summary(services, aws, sandbox, time.monotonic() - started)
+            self.console.print(render_summary(summary))
+            status = self._exit_status(summary, forced)
+        return status
+
+    def _start_sandbox(self, cleanup: ExitStack) -> OwnSandbox:
+        """Our own sandbox, accepting only this run's key (a given key, or a fresh one)."""
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else new_key()
+        sandbox = OwnSandbox.start(self.settings.protocol, key)
+        cleanup.callback(sandbox.stop)
+        self.settings = self.settings.model_copy(update={"base_url": sandbox.url, "api_key": SecretStr(key)})
+        return sandbox
+
+    def _build(self, registry: Any, names: list[str],
+               cleanup: ExitStack) -> tuple[Services, EmbeddedAws, Scheduler, LocalDispatcher]:
+        settings = self.settings
+        concurrency = int(settings.executor_reserved_concurrency or 1)
+        aws = EmbeddedAws.start(pool_size=concurrency + 32)
+        cleanup.callback(aws.close)
+        shared: list[Services] = []
+
+        def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+            return run_step(shared[0], event, context)
+
+        # Before the first tick (when a handler is long-running): the ASL parser's import is
+        # seconds of CPU, which would slow every job running beside it more than waiting does.
+        long_running = any(registry.get(name).long_running for name in names)
+        arn = aws.install_state_machine({"StepsFunction": steps}) if long_running else None
+        dispatcher = LocalDispatcher(concurrency=concurrency, observer=self._observer,
+                                     executor_timeout=aws.function_timeout("ExecutorFunction"),
+                                     state_machine_arn=arn, sfn_client=aws.sfn)
+        cleanup.callback(dispatcher.close, False)
+        overrides = {"transport": "socket"} if settings.transport == "socket" else {}
+        services = Services(settings=settings, store=StateStore(aws.table_name, client=aws.dynamodb),
+                            registry=registry, dispatcher=dispatcher, client_overrides=overrides)
+        shared.append(services)
+        cleanup.callback(services.close)
+        dispatcher.attach(lambda key, context: execute(services, key, context))
+        scheduler = Scheduler(services, sleep=self._sleep, dispatch_workers=min(16, concurrency),
+                              wait_for_capacity=self._wait_for_capacity)
+        cleanup.callback(scheduler.close)
+        self._tick_timeout = aws.function_timeout("SchedulerFunction")
+        return services, aws, scheduler, dispatcher
+
+    def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws, names: list[str],
+                concurrency: int, long_running: bool) -> None:
+        settings = self.settings
+        if sandbox is not None:
+            where = (f"{settings.protocol} sandbox (built in) at {sandbox.url}, "
+                     f"{sandbox.seeded} demo job{'s' if sandbox.seeded != 1 else ''}")
+        else:
+            transport = f", {settings.transport} transport" if settings.transport != "http" else ""
+            where = f"{settings.protocol} server at {settings.base_url}{transport}"
+        machine = "the real state machine in embedded Step Functions" if long_running \
+            else "no long-running handler, no state machine"
+        stop = (f"drains when idle for {settings.until_idle_seconds:g} s or on Ctrl-C"
+                if settings.until_idle_seconds else "runs until Ctrl-C, which drains")
+        lines = [
+            f"serverless-worker local: {where}",
+            f"  handlers {', '.join(names)} · {concurrency} executor threads · "
+            f"instance {settings.instance_id}",
+            f"  state: embedded DynamoDB at {aws.endpoint} · {machine}",
+            f"  {stop}",
+        ]
+        for line in lines:
+            self.console.print(line, highlight=False, markup=False)
+
+    # -- working and stopping ------------------------------------------------------------
+    def _work(self, services: Services, scheduler: Scheduler, dispatcher: LocalDispatcher,
+              progress: Progress) -> bool:
+        """Tick until asked to stop, then drain; returns whether a second signal cut it short."""
+        self._services = services
+        self._scheduler = scheduler
+        ticker = threading.Thread(target=self._tick_loop, name="scheduler-ticks", daemon=True)
+        self._observer.restart_clock()
+        ticker.start()
+        progress.phase("working")
+        idle = self.settings.until_idle_seconds
+        stuck_after = (idle or 0) + self.settings.drain_grace_seconds
+        while not self._stop_requested.is_set():
+            status = self._status()
+            progress.update(status)
+            quiet = self._observer.quiet_for()
+            if idle and quiet >= idle and (status.running == 0 or quiet >= stuck_after):
+                self._request_stop(f"no job for {idle:g} s")
+            self._stop_requested.wait(_POLL)
+        stop = self._stop or _Stop("stopped")
+        progress.phase("draining", note=f"draining ({stop.reason}): no new pulls; running jobs finish, "
+                                        "unstarted ones go back")
+        try:
+            services.store.set_draining(services.protocol_name, services.instance, True)
+        except ServerlessWorkerError as err:
+            log.warning("draining flag not set: %s", err)
+        scheduler.wake()
+        if not self._wait(ticker, progress):
+            return True
+        reports: list[DrainReport] = []
+        drainer = threading.Thread(target=lambda: reports.append(self._drain(services)), name="drain",
+                                   daemon=True)
+        drainer.start()
+        if not self._wait(drainer, progress):
+            return True
+        dispatcher.close(wait=False)
+        progress.update(self._status())
+        return self._hurry.is_set()
+
+    def _wait(self, thread: threading.Thread, progress: Progress) -> bool:
+        """Join ``thread`` while refreshing the status; ``False`` when a second signal says stop now."""
+        while thread.is_alive():
+            if self._hurry.is_set():
+                return False
+            progress.update(self._status())
+            thread.join(_POLL)
+        return True
+
+    def _drain(self, services: Services) -> DrainReport:
+        try:
+            return drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
+                         sleep=self._sleep_unless_hurried)
+        except ServerlessWorkerError as err:
+            log.warning("drain did not complete: %s", err)
+            return DrainReport()
+
+    def _tick_loop(self) -> None:
+        """Ticks back to back; a failed tick is followed by the next one, as a schedule would."""
+        failures = 0
+        while not self._stop_requested.is_set():
+            started = time.monotonic()
+            context = LocalContext("scheduler", timeout_seconds=self._tick_timeout)
+            try:
+                report = self._scheduler.tick(context)
+            except Exception as err:
+                if type(err).__name__ in _FATAL_ERRORS:
+                    self._request_stop(f"configuration refused: {err}", exit_status=EXIT_CONFIGURATION)
+                    return
+                failures += 1
+                self._server_errors += 1
+                log.warning("scheduler tick failed (%s: %s); next tick in %.0f s", type(err).__name__, err,
+                            min(10.0, 0.5 * 2 ** failures))
+                self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
+                continue
+            if self._reached(report):
+                self._reached_server, failures = True, 0
+            if not self._after_tick(report):
+                return
+            if report.stopped is not None or time.monotonic() - started < 1.0:
+                failures += report.stopped is not None
+                self._stop_requested.wait(min(10.0, max(0.5, 0.5 * 2 ** failures)))
+
+    def _after_tick(self, report: TickReport) -> bool:
+        """Act on why a tick stopped early; ``False`` ends the tick loop."""
+        stopped = report.stopped
+        if stopped is None:
+            return True
+        if stopped == "draining":
+            self._request_stop("drain requested")
+            return False
+        if stopped == "stopped":
+            reason = self._services.store.get_control(self._services.protocol_name,
+                                                      self._services.instance).get("stopped")
+            self._request_stop(f"worker stopped: {reason}", exit_status=EXIT_CONFIGURATION)
+            return False
+        cause = stopped.rpartition(": ")[2]
+        if cause in _FATAL_ERRORS:
+            detail = "; ".join(report.errors) or stopped
+            self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
+            return False
+        log.warning("tick ended early (%s): %s", stopped, "; ".join(report.errors))
+        return True
+
+    def _reached(self, report: TickReport) -> bool:
+        """The tick's pulls reached the job server (one went through); notes trouble when not."""
+        pull_errors = sum(1 for error in report.errors if error.startswith("pull:"))
+        self._server_errors += pull_errors + (report.stopped is not None and report.stopped != "draining")
+        return report.pulls > pull_errors
+
+    def _status(self) -> Status:
+        services, observer = self._services, self._observer
+        try:
+            counters = services.store.read_counters(services.protocol_name, services.instance)
+        except ServerlessWorkerError:
+            counters = {}
+        processed, failed = counters.get("processed", 0), counters.get("failed", 0)
+        handed_back, discarded = counters.get("handed_back", 0), counters.get("discarded", 0)
+        settled = processed + handed_back + discarded + observer.executor_errors
+        return Status(pulled=observer.arrivals, running=max(0, observer.arrivals - settled),
+                      done=processed - failed, failed=failed, handed_back=handed_back, discarded=discarded)
+
+    def _request_stop(self, reason: str, exit_status: int | None = None) -> None:
+        with self._stop_lock:
+            if self._stop is None:
+                self._stop = _Stop(reason, exit_status)
+        self._stop_requested.set()
+        self._observer.capacity.set()
+
+    def _sleep(self, seconds: float) -> None:
+        """The scheduler's sleeps end early once a stop is requested."""
+        self._stop_requested.wait(seconds)
+
+    def _wait_for_capacity(self, seconds: float) -> None:
+        """A full tick waits until an executor finishes (or a stop), not a fixed second."""
+        self._observer.capacity.wait(seconds)
+        self._observer.capacity.clear()
+
+    def _sleep_unless_hurried(self, seconds: float) -> None:
+        if self._hurry.wait(seconds):
+            raise ServerlessWorkerError("drain cut short by a second signal")
+
+    # -- signals -------------------------------------------------------------------------
+    def _install_signals(self) -> dict[int, Any]:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # Only flags here: the main thread may be inside a client holding a lock.
+            if self._stop_requested.is_set():
+                self._hurry.set()
+                return
+            with self._stop_lock:
+                if self._stop is None:
+                    self._stop = _Stop(signal.Signals(signum).name)
+            self._stop_requested.set()
+
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signals(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    # -- the end ---------------------------------------------------------------------------
+    def _summary(self, services: Services, aws: EmbeddedAws, sandbox: OwnSandbox | None,
+                 seconds: float) -> RunSummary:
+        admin_created: dict[str, float] | None = None
+        server_calls: dict[str, int] | None = None
+        if sandbox is not None:
+            from ..sandbox.admin import SandboxAdmin
+
+            admin = SandboxAdmin(sandbox.url)
+            try:
+                admin_created = job_creation_times(admin.jobs())
+                server_calls = dict(admin.stats().get("calls", {}))
+            except Exception as err:  # the summary still stands on the ledger
+                log.warning("sandbox admin API not readable: %s", type(err).__name__)
+            finally:
+                admin.close()
+        try:
+            client_calls = dict(services.protocol.calls)  # type: ignore[attr-defined]
+        except (AttributeError, ServerlessWorkerError):
+            client_calls = {}
+        observer = self._observer
+        return summarize(read_ledger(aws.dynamodb, aws.table_name), protocol=self.settings.protocol,
+                         seconds=seconds, handler_starts=dict(observer.handler_starts),
+                         handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
+                         admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
+                         store_ops=dict(services.store.ops))
+
+    def _exit_status(self, summary: RunSummary, forced: bool) -> int:
+        stop = self._stop
+        if forced:
+            self.console.print("stopped without draining (second signal)", highlight=False, markup=False)
+            return EXIT_FORCED
+        if stop is not None and stop.exit_status is not None:
+            self.console.print(f"serverless-worker local: {stop.reason}", highlight=False, markup=False)
+            return stop.exit_status
+        if not summary.definite:
+            self.console.print(f"serverless-worker local: {summary.in_flight} deliveries left without a "
+                               "definite outcome", highlight=False, markup=False)
+            return EXIT_INCOMPLETE
+        if not self._reached_server and self._server_errors:
+            self.console.print("serverless-worker local: the job server was never reached (see the log)",
+                               highlight=False, markup=False)
+            return EXIT_INCOMPLETE
+        return 0

@@ -1,0 +1,1 @@
+"""Custom checkov checks for `make iam-scan` (loaded with --external-checks-dir)."""

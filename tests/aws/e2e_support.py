@@ -1,0 +1,174 @@
+"""Reading the two sides of an end-to-end run: the sandbox's own job histories and the
+ledger in the emulated DynamoDB table. Shared by test_short_path, test_recovery and
+test_drain.
+
+Each protocol's sandbox describes jobs its own way; the helpers here turn that into the
+few facts the tests assert on (job id, the outcomes the server received, whether the
+job is done, how many deliveries were unsettled at once).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from serverless_worker.state import LedgerItem, LedgerStatus
+from serverless_worker.state.items import from_item
+
+__all__ = [
+    "HANDLERS_PATH",
+    "PROTOCOLS",
+    "backdate",
+    "done",
+    "http_calls_per_job",
+    "in_flight",
+    "instance",
+    "job_id",
+    "jobs_by_id",
+    "ledger",
+    "results",
+    "run_until",
+    "unsettled_peak",
+    "wait_for",
+]
+
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+HANDLERS_PATH = str(Path(__file__).resolve().parent / "handlers_e2e.py")
+_SETTLED = ("ack", "requeue", "visibility_requeue")  # Pipelogiq history events that end a delivery
+
+
+# -- the sandbox's side ------------------------------------------------------------------
+def job_id(protocol: str, job: dict[str, Any]) -> str:
+    """The id the handler sees as ``job.job_id``."""
+    return str({"pipelogiq": job.get("job_id"), "priostack": job.get("key")}.get(protocol, job.get("id")))
+
+
+def jobs_by_id(env: Any) -> dict[str, dict[str, Any]]:
+    return {job_id(env.protocol, job): job for job in env.admin.jobs()}
+
+
+def results(protocol: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every outcome the server received for the job and applied (in order):
+    Pipelogiq result posts, Priostack complete/fail calls that applied, claim-queue
+    result posts (accepted or not)."""
+    if protocol == "pipelogiq":
+        return [h for h in job["history"] if h["event"] == "result_received"]
+    if protocol == "priostack":
+        return [c for c in job["calls"] if c.get("applied")]
+    return [h for h in job["history"] if h["event"] == "result"]
+
+
+def done(protocol: str, job: dict[str, Any]) -> bool:
+    """Completed successfully on the server (and, for Pipelogiq, the delivery acked)."""
+    if protocol == "pipelogiq":
+        return job["status"] == "Completed" and any(h["event"] == "ack" for h in job["history"])
+    if protocol == "priostack":
+        return bool(job["state"] == "completed")
+    return bool(job["status"] == "finished")
+
+
+def unsettled_peak(protocol: str, jobs: Iterable[dict[str, Any]]) -> int:
+    """The most deliveries the server had handed out and not yet seen settled, at once.
+
+    Pipelogiq: a delivery token is out from ``delivered`` until its ``ack``/``requeue``
+    (or the visibility sweep). Priostack: a job is out from its activation until a
+    complete/fail applies (duplicate activations hand out nothing new). Claim queue: an
+    item is out from its claim until its result, a lapse or the queue's timeout.
+    """
+    edges: list[tuple[float, int]] = []
+    for job in jobs:
+        if protocol == "pipelogiq":
+            open_at: dict[str, float] = {}
+            for h in job["history"]:
+                if h["event"] == "delivered":
+                    open_at[h["tokenFingerprint"]] = h["at"]
+                elif h["event"] in _SETTLED and h["tokenFingerprint"] in open_at:
+                    edges += [(open_at.pop(h["tokenFingerprint"]), 1), (h["at"], -1)]
+            edges += [(at, 1) for at in open_at.values()]
+        elif protocol == "priostack":
+            starts = sorted(a["at"] for a in job["activations"] if not a["duplicate"])
+            ends = sorted(c["at"] for c in job["calls"] if c.get("applied"))
+            edges += [(at, 1) for at in starts] + [(at, -1) for at in ends[:len(starts)]]
+        else:
+            for h in job["history"]:
+                if h["event"] == "claim":
+                    edges.append((h["at"], 1))
+                elif h["event"] in ("lapse", "timeout", "socket_drop_requeue") or (
+                        h["event"] == "result" and h["accepted"] and h.get("item_was") == "processing"):
+                    edges.append((h["at"], -1))
+    peak = current = 0
+    for _at, delta in sorted(edges, key=lambda e: (e[0], e[1])):  # at a tie, settle first
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def http_calls_per_job(env: Any, jobs: int) -> dict[str, float]:
+    """The sandbox's HTTP call counts per endpoint label, divided by the number of jobs."""
+    calls = env.admin.stats()["calls"]
+    return {label: round(count / jobs, 3) for label, count in sorted(calls.items())}
+
+
+# -- the worker's side -------------------------------------------------------------------
+def instance(env: Any) -> str:
+    return str(env.stack.env["SW_INSTANCE_ID"])
+
+
+def ledger(env: Any) -> list[LedgerItem]:
+    """Every ledger item in the table (a scan: the table holds one test's items only)."""
+    stack = env.stack
+    items: list[LedgerItem] = []
+    request: dict[str, Any] = {"TableName": stack.table_name, "FilterExpression": "sk = :kind",
+                               "ExpressionAttributeValues": {":kind": {"S": "delivery"}}}
+    while True:
+        page = stack.dynamodb.scan(**request)
+        items += [LedgerItem.from_attributes(from_item(raw)) for raw in page.get("Items", [])]
+        if "LastEvaluatedKey" not in page:
+            return items
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def in_flight(env: Any) -> int:
+    """What the scheduler counts: the in-flight index of this worker instance."""
+    return int(env.stack.store().count_in_flight(env.protocol, instance(env)))
+
+
+def backdate(env: Any, key: str) -> None:
+    """Move a ledger item's deadline into the past: time passing, without the wait (a run's
+    deadline is the executor's whole Lambda timeout plus a grace)."""
+    env.stack.dynamodb.update_item(
+        TableName=env.stack.table_name, Key={"pk": {"S": key}, "sk": {"S": "delivery"}},
+        UpdateExpression="SET #deadline = :past", ConditionExpression="attribute_exists(#deadline)",
+        ExpressionAttributeNames={"#deadline": "deadline"},
+        ExpressionAttributeValues={":past": {"N": repr(time.time() - 1)}})
+
+
+def statuses(env: Any) -> dict[str, LedgerStatus]:
+    return {item.key: item.status for item in ledger(env)}
+
+
+# -- driving -------------------------------------------------------------------------------
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(interval)
+
+
+def run_until(env: Any, predicate: Callable[[], bool], *, what: str, window: float = 1.5,
+              ticks: int = 4, settle: float = 0.5) -> list[dict[str, Any]]:
+    """Tick, let every executor finish, and repeat until ``predicate`` holds (within
+    ``settle`` seconds after a tick; Pipelogiq applies results asynchronously)."""
+    reports: list[dict[str, Any]] = []
+    for _ in range(ticks):
+        reports.append(env.tick(window))
+        env.stack.wait_idle(30)
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            if predicate():
+                return reports
+            time.sleep(0.05)
+    raise AssertionError(f"{what}: not reached after {ticks} ticks; reports: {reports}")

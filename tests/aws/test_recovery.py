@@ -1,0 +1,314 @@
+"""Recovery on the short path, end to end through moto: a re-bootstrapped Pipelogiq
+session, an executor that dies between storing and reporting its outcome, and the
+reaper giving stranded deliveries a definite outcome (DESIGN.md's table).
+
+Every test reads the sandbox's own job history and the ledger in the emulated table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import requests
+from e2e_support import (
+    HANDLERS_PATH,
+    PROTOCOLS,
+    backdate,
+    done,
+    in_flight,
+    instance,
+    jobs_by_id,
+    ledger,
+    results,
+    run_until,
+    wait_for,
+)
+
+from serverless_worker.state import LedgerStatus
+
+pytestmark = pytest.mark.aws
+
+
+class LambdaCrash(RuntimeError):
+    """The executor's sandbox dies: the Event invocation ends with an unhandled error."""
+
+
+def _take_background_errors(env: Any, kind: str, count: int) -> None:
+    """The invocations that died on purpose: check them and clear them (the harness
+    re-raises any left over when the stack closes)."""
+    errors = env.stack.lambdas.background_errors
+    assert [type(e).__name__ for e in errors] == [kind] * count, errors
+    errors.clear()
+
+
+def _statuses(env: Any) -> Counter[LedgerStatus]:
+    return Counter(item.status for item in ledger(env))
+
+
+# -- 2. Pipelogiq sessions -------------------------------------------------------------------------
+def _session_fingerprint(env: Any) -> tuple[str, int]:
+    """The stored session's token as the sandbox fingerprints it, and the sandbox's
+    current fingerprint for this worker with its bootstrap count."""
+    loaded = env.stack.store().load_session("pipelogiq", instance(env))
+    assert loaded is not None
+    stored = hashlib.sha256(loaded[0].token.get_secret_value().encode()).hexdigest()[:12]
+    (worker,) = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()["workers"]
+    assert worker["sessionFingerprint"] == stored, "the table must hold the token the server accepts now"
+    return stored, int(worker["bootstraps"])
+
+
+def _each_job_ran_once(env: Any, recorder: Any, count: int) -> None:
+    jobs = jobs_by_id(env)
+    assert len(jobs) == count
+    for job in jobs.values():
+        events = Counter(h["event"] for h in job["history"])
+        assert len(job["executions"]) == 1 and events["lease_acquired"] == 1, events  # no lease recovery
+        assert len(results("pipelogiq", job)) == 1 and job["status"] == "Completed"
+    assert recorder.counts() == Counter({job_id: 1 for job_id in jobs})
+    assert _statuses(env) == {LedgerStatus.ACKNOWLEDGED: count} and in_flight(env) == 0
+
+
+@pytest.mark.parametrize("cause", ["ttl", "fault"])
+def test_pipelogiq_rebootstraps_after_session_expiry(worker_env: Any, recorder: Any, cause: str) -> None:
+    sandbox = {"session_ttl_seconds": 1.0} if cause == "ttl" else None
+    env = worker_env("pipelogiq", handlers=["e2e.slow"], handler_module=HANDLERS_PATH, sandbox=sandbox)
+    if cause == "fault":
+        # The session dies under the running executors' lease renewals.
+        env.admin.faults([{"kind": "expire_session", "endpoint": "lease.renew", "count": 1}])
+    env.seed("e2e.slow", [{"sleep": 1.2, "n": i} for i in range(6)])
+
+    run_until(env, lambda: all(done("pipelogiq", j) for j in env.admin.jobs()), what="all jobs done",
+              window=2.0)
+
+    _, bootstraps = _session_fingerprint(env)
+    if cause == "fault":
+        assert bootstraps == 2  # one expiry, one re-bootstrap, whatever the number of callers
+    else:
+        assert bootstraps >= 2
+    _each_job_ran_once(env, recorder, 6)
+
+
+def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, recorder: Any) -> None:
+    env = worker_env("pipelogiq", handlers=["e2e.slow"], handler_module=HANDLERS_PATH)
+    env.seed("e2e.slow", [{"sleep": 1.5, "n": i} for i in range(6)])
+
+    def replace() -> None:
+        # Another bootstrap of the same instance while six executors run: the server
+        # replaces the worker's token, and every one of them hits 401 "replaced".
+        if recorder.wait_active(6, 10):
+            requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
+                          headers={"X-API-Key": "sandbox-api-key"},
+                          json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
+
+    intruder = threading.Thread(target=replace, daemon=True)
+    intruder.start()
+    run_until(env, lambda: all(done("pipelogiq", j) for j in env.admin.jobs()), what="all jobs done",
+              window=2.0)
+    intruder.join(5)
+
+    _, bootstraps = _session_fingerprint(env)
+    assert bootstraps == 3  # ours, the intruder's, and exactly one recovery
+    _each_job_ran_once(env, recorder, 6)
+
+
+# -- 4. an executor dies between storing and reporting ---------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_executor_rereports_a_stored_outcome_without_rerunning(worker_env: Any, recorder: Any,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               protocol: str) -> None:
+    # A Pipelogiq lease longer than the test, so the server's own lease recovery (a new
+    # execution) cannot stand in for the re-report being tested.
+    sandbox = {"lease_seconds": 20} if protocol == "pipelogiq" else None
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH, sandbox=sandbox)
+    env.seed("e2e.echo", [{"n": 1}, {"n": 2}])
+    store = env.stack.store()
+    real_store_outcome = store.store_outcome
+
+    def store_then_crash(key: str, epoch: str, outcome: Any) -> None:
+        real_store_outcome(key, epoch, outcome)
+        raise LambdaCrash("the executor died right after storing its outcome")
+
+    monkeypatch.setattr(store, "store_outcome", store_then_crash)
+    first = env.tick(1.5)
+    env.stack.wait_idle(10)
+    monkeypatch.setattr(store, "store_outcome", real_store_outcome)
+
+    assert first["dispatched"] == 2
+    _take_background_errors(env, "LambdaCrash", 2)
+    assert _statuses(env) == {LedgerStatus.OUTCOME_STORED: 2}
+    assert all(not results(protocol, job) for job in env.admin.jobs())  # nothing reported yet
+    assert sum(recorder.counts().values()) == 2
+    by_key = {item.key: item for item in ledger(env)}
+    reinvoked, reaped = sorted(by_key)
+
+    # The executor invoked again with the same event re-reports the stored outcome.
+    answer = env.stack.invoke("ExecutorFunction", {"ledger_key": reinvoked})
+    assert answer["action"] == "reported" and answer["resumed"] is True, answer
+    # The reaper settles the other once its deadline passes.
+    backdate(env, reaped)
+    second = env.tick(1.5)
+    env.stack.wait_idle(10)
+    assert second["reaped"] == 1 and second["pulled"] == 0, second
+
+    wait_for(lambda: all(done(protocol, j) for j in env.admin.jobs()), 5, "both jobs done")
+    jobs = jobs_by_id(env)
+    for job in jobs.values():
+        assert len(results(protocol, job)) == 1, job  # exactly one result on the server
+        if protocol == "pipelogiq":
+            assert len(job["executions"]) == 1
+    assert recorder.counts() == Counter({job_id: 1 for job_id in jobs})  # never run again
+    assert _statuses(env) == {LedgerStatus.ACKNOWLEDGED: 2} and in_flight(env) == 0
+
+
+# -- 5. the reaper and stranded deliveries ---------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, recorder: Any,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             protocol: str) -> None:
+    """Two kinds of strays: e2e.echo deliveries whose executor invocation was lost (recorded,
+    never started, past the dispatch deadline) and e2e.die runs whose executor vanished
+    mid-handler (running, past the run's deadline). The next tick's reaper hands the first
+    back and settles the second as a timeout (DESIGN.md's table); later ticks complete both."""
+    # Pipelogiq: a lease outliving the dead executors, so the timeout result (not the
+    # server's lease recovery) is what brings the retry. Claim queue: a short lease, since
+    # handing back and timing out both mean letting it lapse there.
+    sandbox = {"pipelogiq": {"lease_seconds": 20}, "claimqueue": {"lease_seconds": 5}}.get(protocol)
+    env = worker_env(protocol, handlers=["e2e.echo", "e2e.die"], handler_module=HANDLERS_PATH,
+                     sandbox=sandbox, settings={"dispatch_timeout_seconds": 1})
+    env.seed("e2e.echo", [{"n": 1}, {"n": 2}])
+    if protocol == "pipelogiq":
+        env.seed("e2e.die", [{"n": 3}, {"n": 4}], maxRetries=1, retryInterval=0)
+    else:
+        env.seed("e2e.die", [{"n": 3}, {"n": 4}])
+    store, dispatcher = env.stack.store(), env.stack.services().dispatcher
+    real_invoke = dispatcher.invoke_executor
+    lost: list[str] = []
+
+    def lose_echo_invocations(key: str) -> None:
+        item = store.get(key)
+        if item is not None and item.handler == "e2e.echo":
+            lost.append(key)                               # silently dropped: never starts
+        else:
+            real_invoke(key)
+
+    monkeypatch.setattr(dispatcher, "invoke_executor", lose_echo_invocations)
+    first = env.tick(1.5)
+    env.stack.wait_idle(10)
+    monkeypatch.setattr(dispatcher, "invoke_executor", real_invoke)
+
+    assert first["pulled"] == first["dispatched"] == 4 and len(lost) == 2, first
+    _take_background_errors(env, "ExecutorKilled", 2)
+    stranded = {item.key: item for item in ledger(env)}
+    assert sorted(item.status for item in stranded.values()) == sorted(
+        [LedgerStatus.RECORDED] * 2 + [LedgerStatus.RUNNING] * 2)
+    vanished = {key for key, item in stranded.items() if item.status is LedgerStatus.RUNNING}
+    for key in vanished:
+        backdate(env, key)          # a run's own deadline is the Lambda timeout plus a grace
+    dispatch_deadline = max(item.deadline or 0 for key, item in stranded.items() if key not in vanished)
+    wait_for(lambda: time.time() > dispatch_deadline, 3, "the dispatch deadlines")
+
+    reports = run_until(env, lambda: all(done(protocol, j) for j in env.admin.jobs()), what="all jobs done",
+                        window=1.5, ticks=6)
+
+    assert reports[0]["reaped"] == 4 and sum(r["reaped"] for r in reports) == 4, reports
+    jobs = jobs_by_id(env)
+    runs = recorder.counts()
+    for job_id, job in jobs.items():
+        if runs[job_id] == 1:
+            _check_handed_back(protocol, job)
+        else:
+            assert runs[job_id] == 2, runs  # the run that vanished, then the retry
+            _check_timed_out(protocol, job)
+    assert sorted(runs.values()) == [1, 1, 2, 2] and set(runs) == set(jobs)
+    final = _statuses(env)
+    if protocol == "claimqueue":  # a re-claim is a new delivery (attempts + 1), with its own item
+        assert final == {LedgerStatus.HANDED_BACK: 2, LedgerStatus.ACKNOWLEDGED: 6}
+    else:  # the handed-back delivery came back: its item was recorded again and settled
+        assert final == {LedgerStatus.ACKNOWLEDGED: 6}
+    assert in_flight(env) == 0
+    outcomes = [(item.outcome.kind.value, item.outcome.error_code) for item in ledger(env)
+                if item.key in vanished and item.outcome is not None]
+    assert outcomes == [("timeout", "EXECUTOR_LOST")] * 2
+
+
+def _calls(received: list[dict[str, Any]]) -> list[tuple[str, int | None]]:
+    """Priostack complete/fail calls as (action, retries sent)."""
+    return [(c["action"], c["body"].get("retries")) for c in received]
+
+
+def _check_handed_back(protocol: str, job: dict[str, Any]) -> None:
+    """Never started: handed back without using an attempt, then run once."""
+    received = results(protocol, job)
+    if protocol == "pipelogiq":
+        events = Counter(h["event"] for h in job["history"])
+        # ack requeue:true, then delivered again: the same execution, no attempt used.
+        assert events["requeue"] == 1 and events["delivered"] == 2 and events["ack"] == 1, events
+        assert len(job["executions"]) == 1 and job["attempt"] == 1 and len(received) == 1
+    elif protocol == "priostack":
+        # fail with retries unchanged, then the complete.
+        assert _calls(received) == [("fail", 3), ("complete", None)]
+        assert job["retries_history"] == [3, 3] and len(job["activations"]) == 2
+    else:
+        events = [h["event"] for h in job["history"]]
+        assert events == ["created", "claim", "lapse", "claim", "result"], events  # the lease lapsed
+        assert job["attempts"] == 2 and len(received) == 1
+
+
+def _check_timed_out(protocol: str, job: dict[str, Any]) -> None:
+    """Vanished mid-handler: settled as a timeout, then retried and completed."""
+    received = results(protocol, job)
+    if protocol == "pipelogiq":
+        # A retryable timeout, then the retry's success.
+        assert [(r["isSuccess"], r["errorCode"], r["retryable"]) for r in received] == [
+            (False, "HANDLER_TIMEOUT", True), (True, None, None)]
+        assert [e["cause"] for e in job["executions"]] == ["activation", "retry"]
+    elif protocol == "priostack":
+        # fail with retries - 1, then the complete.
+        assert _calls(received) == [("fail", 2), ("complete", None)]
+        assert job["retries_history"] == [3, 2]
+    else:
+        # No result for the lost run: its lease lapsed and the item was claimed again.
+        events = [h["event"] for h in job["history"]]
+        assert events == ["created", "claim", "lapse", "claim", "result"], events
+        assert len(received) == 1 and job["result"] == {"survived": True}
+
+
+# The claim queue is left out: the late run is fenced by the same ledger write, and a timed
+# out claim-queue run (no result; the lease lapses) is covered by the stranded test above.
+@pytest.mark.parametrize("protocol", ["pipelogiq", "priostack"])
+def test_a_late_executor_is_fenced_after_the_reaper_took_over(worker_env: Any, recorder: Any,
+                                                              protocol: str) -> None:
+    env = worker_env(protocol, handlers=["e2e.hang"], handler_module=HANDLERS_PATH)
+    if protocol == "pipelogiq":
+        env.seed("e2e.hang", [{"n": 1}])               # maxRetries 0: the timeout is final
+    else:
+        env.seed("e2e.hang", [{"n": 1}], retries=1)    # Priostack: retries 1 - 1 = 0, an incident
+
+    env.tick(1.5)
+    assert recorder.wait_active(1, 5)                  # the executor is alive, but too slow
+    (item,) = ledger(env)
+    assert item.status is LedgerStatus.RUNNING
+    backdate(env, item.key)
+    second = env.tick(1.5)                             # the reaper takes the run over
+    assert second["reaped"] == 1, second
+    if protocol == "priostack":                        # Pipelogiq: the refused renewal cancels it
+        recorder.release.set()
+    env.stack.wait_idle(10)                            # the late executor ends without an error
+
+    (job,) = env.admin.jobs()
+    received = results(protocol, job)
+    if protocol == "pipelogiq":
+        assert [(r["isSuccess"], r["errorCode"]) for r in received] == [(False, "HANDLER_TIMEOUT")]
+        assert job["status"] == "Failed" and any(h["event"] == "lease_refused" for h in job["history"])
+    else:  # the late success was dropped: only the timeout's fail reached the server
+        assert [(c["action"], c["body"]["retries"]) for c in received] == [("fail", 0)]
+        assert job["state"] == "incident"
+    (item,) = ledger(env)
+    assert item.status is LedgerStatus.ACKNOWLEDGED and item.outcome is not None
+    assert (item.outcome.kind.value, item.outcome.error_code) == ("timeout", "EXECUTOR_LOST")
+    assert in_flight(env) == 0 and sum(recorder.counts().values()) == 1

@@ -1,0 +1,290 @@
+"""CLI tier: ``serverless-worker local`` run as a real subprocess.
+
+The demo (its own sandbox, the example handlers, the real state machine) must finish by
+itself with every job settled; pointed at a sandbox this test starts, with faults on and
+a handler module written here, it must settle every job; SIGTERM must drain, leaving
+nothing held on the server; a bad setting must exit 2 naming it; and the API key must
+never reach the output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from serverless_worker.config import Settings
+from serverless_worker.sandbox._server import SandboxServer
+from serverless_worker.sandbox.admin import SandboxAdmin
+
+pytestmark = pytest.mark.cli
+
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+CLI = Path(sys.executable).with_name("serverless-worker")
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "k3y-that-must-never-be-printed-7f3a"
+
+# Each sandbox accepting only SECRET.
+SANDBOX_KEYS: dict[str, dict[str, Any]] = {
+    "pipelogiq": {"api_keys": {SECRET: 12}},
+    "priostack": {"api_keys": [SECRET]},
+    "claimqueue": {"tokens": [SECRET]},
+}
+# Faults on the calls a worker makes per job: 5xx, 429 and lost answers (the effect applied).
+FAULTS: dict[str, list[dict[str, Any]]] = {
+    "pipelogiq": [{"kind": "error_5xx", "endpoint": "result", "probability": 0.3},
+                  {"kind": "rate_limit", "endpoint": "pull", "probability": 0.2, "retry_after": 0.1},
+                  {"kind": "drop_response", "endpoint": "ack", "probability": 0.3},
+                  {"kind": "drop_response", "endpoint": "result", "probability": 0.2}],
+    "priostack": [{"kind": "error_5xx", "endpoint": "complete", "probability": 0.3},
+                  {"kind": "rate_limit", "endpoint": "activate", "probability": 0.2, "retry_after": 0.1},
+                  {"kind": "drop_response", "endpoint": "complete", "probability": 0.3}],
+    "claimqueue": [{"kind": "error_5xx", "endpoint": "result", "probability": 0.3},
+                   {"kind": "rate_limit", "endpoint": "claim", "probability": 0.2, "retry_after": 0.1},
+                   {"kind": "drop_response", "endpoint": "result", "probability": 0.3}],
+}
+
+HANDLERS = '''
+from serverless_worker import handler
+
+
+@handler("double")
+def double(job):
+    return {"value": job.input["n"] * 2}
+
+
+@handler("nap")
+def nap(job):
+    if job.wait(job.input["seconds"]):
+        job.raise_if_cancelled()
+    return {"slept": job.input["seconds"]}
+'''
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any SW_* setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")}
+    env.update(extra)
+    return env
+
+
+def local(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), "local", *args], cwd=ROOT, env=env or clean_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def seed(admin: SandboxAdmin, protocol: str, handler: str, inputs: list[dict[str, Any]]) -> None:
+    if protocol == "pipelogiq":
+        admin.seed({"handler": handler, "inputs": inputs})
+    elif protocol == "priostack":
+        admin.seed({"jobs": [{"type": handler, "variables": v, "retries": 3} for v in inputs]})
+    else:
+        admin.seed({"queue": handler, "items": inputs})
+
+
+def row(output: str, label: str) -> int:
+    """The number in a summary row such as ``  taken   7   ...``."""
+    match = re.search(rf"^\s*{re.escape(label)}\s+(\d+)\b", output, re.MULTILINE)
+    assert match, f"no {label!r} row in:\n{output}"
+    return int(match.group(1))
+
+
+def settled(protocol: str, job: dict[str, Any]) -> bool:
+    """The job's final state on the server: a result is in (or, for Priostack, an incident)."""
+    if protocol == "pipelogiq":
+        return job["status"] in ("Completed", "Failed")
+    if protocol == "priostack":
+        return job["state"] in ("completed", "incident")
+    return job["status"] in ("finished", "failed")
+
+
+def held(protocol: str, job: dict[str, Any]) -> bool:
+    """A worker still holds the job: leased, active, or being processed."""
+    if protocol == "pipelogiq":
+        return job["status"] == "Running" or any(e["lease"] for e in job["executions"] if e["current"])
+    if protocol == "priostack":
+        return job["state"] == "active"
+    return job["status"] == "processing"
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Callable[..., tuple[SandboxServer, SandboxAdmin]]]:
+    """A sandbox accepting only SECRET, in this process (the worker is the subprocess)."""
+    from serverless_worker.sandbox import create_sandbox
+
+    started: list[tuple[SandboxServer, SandboxAdmin]] = []
+
+    def _start(protocol: str, **config: Any) -> tuple[SandboxServer, SandboxAdmin]:
+        server = SandboxServer(create_sandbox(protocol, **SANDBOX_KEYS[protocol], **config)).start()
+        started.append((server, SandboxAdmin(server.url)))
+        return started[-1]
+
+    yield _start
+    for server, admin in started:
+        admin.close()
+        server.stop()
+
+
+@pytest.fixture
+def handler_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_handlers.py"
+    path.write_text(HANDLERS)
+    return path
+
+
+# -- the demo ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_demo_finishes_by_itself_with_every_job_settled(protocol: str) -> None:
+    # given the built-in demo: its own sandbox, the example handlers, the real state machine
+    # when it runs with no other argument than the protocol
+    result = local("--protocol", protocol)
+
+    # then it ends by itself, exit 0, with the summary: every demo job taken and settled
+    out = result.stdout
+    assert result.returncode == 0, f"stdout:\n{out}\nstderr:\n{result.stderr}"
+    assert f"{protocol} sandbox (built in)" in out
+    assert row(out, "taken") == 7
+    assert row(out, "done") == 5                    # echo x2, a charge, the nap, the 3-page report
+    assert row(out, "failed") == 2                  # the declined card and the bad input
+    assert "bad input 1, business rejection 1" in out
+    assert row(out, "still in flight") == 0
+    assert row(out, "handler runs") == 8            # the report ran as 3 continuation slices
+    assert "created → handler start" in out and "sandbox admin history (7)" in out
+    assert "HTTP calls per job, by endpoint" in out
+    assert re.search(r"^\s*total\s+\d+\s+\d+\.\d\d\s+\d+", out, re.MULTILINE)  # client, per job, sandbox
+
+
+# -- a worker for a real server ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("protocol", "extra"), [
+    ("pipelogiq", []), ("priostack", []), ("claimqueue", []), ("claimqueue", ["--transport", "socket"]),
+], ids=["pipelogiq", "priostack", "claimqueue", "claimqueue-socket"])
+def test_url_worker_settles_every_job_through_faults(protocol: str, extra: list[str],
+                                                     sandbox: Callable[..., Any], handler_file: Path) -> None:
+    # given a separately started sandbox with 12 jobs and faults on its hot endpoints
+    server, admin = sandbox(protocol)
+    seed(admin, protocol, "double", [{"n": n} for n in range(12)])
+    admin.faults(FAULTS[protocol], seed=7)
+
+    # when the local worker runs against it with the test's handler module
+    result = local("--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
+                   "--handler-module", str(handler_file), "--handlers", "double", "--concurrency", "4",
+                   "--until-idle", "2", *extra, env=clean_env(TEST_KEY=SECRET))
+
+    # then every job reached its final state on the server, and the run says so with exit 0
+    out = result.stdout
+    assert result.returncode == 0, f"stdout:\n{out}\nstderr:\n{result.stderr}"
+    jobs = admin.jobs()
+    assert len(jobs) == 12 and all(settled(protocol, job) for job in jobs), jobs
+    assert row(out, "done") == 12 and row(out, "still in flight") == 0
+    assert f"{protocol} server at {server.url}" in out
+    assert ("socket transport" in out) == bool(extra)
+    assert "pull time (" in out or "Delivery.created_at (" in out  # not our sandbox: no admin history
+    assert admin.stats()["faults_fired"] > 0
+    # and the key never reached the output
+    assert SECRET not in out and SECRET not in result.stderr
+
+
+# -- draining on SIGTERM ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_sigterm_drains_leaving_nothing_held(protocol: str, sandbox: Callable[..., Any],
+                                             handler_file: Path) -> None:
+    # given more one-second naps than the worker runs at once
+    server, admin = sandbox(protocol)
+    seed(admin, protocol, "nap", [{"seconds": 1.0}] * 12)
+    proc = subprocess.Popen(
+        [str(CLI), "local", "--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
+         "--handler-module", str(handler_file), "--handlers", "nap", "--concurrency", "3"],
+        cwd=ROOT, env=clean_env(TEST_KEY=SECRET), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # when SIGTERM arrives while jobs run
+        deadline = time.monotonic() + 90
+        while not any(held(protocol, job) for job in admin.jobs()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no job started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    # then it drained: exit 0, the summary printed, nothing left in flight
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "draining (SIGTERM)" in out
+    assert row(out, "still in flight") == 0
+    # and on the server every job is finished or back in the queue; none is held by the worker
+    jobs = admin.jobs()
+    assert not [job for job in jobs if held(protocol, job)], jobs
+    if protocol == "pipelogiq":  # no delivery outstanding either (pulled, never acknowledged)
+        assert requests.get(f"{server.url}/_admin/pipelogiq", timeout=5).json()["inFlight"] == 0
+    finished = [job for job in jobs if settled(protocol, job)]
+    assert 0 < len(finished) < 12            # it stopped mid-run, yet everything it took is settled
+    assert row(out, "done") == len(finished)
+    assert SECRET not in out and SECRET not in err
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+def test_bad_settings_exit_2_naming_each_setting() -> None:
+    # given a bad flag, a bad environment variable and two settings that do not go together
+    env = clean_env(SW_MAX_IN_FLIGHT="lots")
+
+    # when the worker starts
+    result = local("--batch-size", "0", "--protocol", "priostack", "--transport", "socket", env=env,
+                   timeout=30)
+
+    # then it exits 2 before starting anything, naming each setting by variable and flag
+    assert result.returncode == 2, result
+    err = result.stderr
+    assert "SW_BATCH_SIZE (--batch-size)" in err
+    assert "SW_MAX_IN_FLIGHT (--max-in-flight)" in err
+    assert "SW_TRANSPORT (--transport)" in err
+    assert result.stdout == ""
+
+
+def test_url_without_a_key_is_a_configuration_error() -> None:
+    result = local("--url", "https://jobs.example.com", "--api-key-env", "NOT_SET_ANYWHERE", timeout=30)
+
+    assert result.returncode == 2
+    assert "--api-key-env NOT_SET_ANYWHERE" in result.stderr
+
+
+def test_a_rejected_key_stops_the_worker_with_exit_2(sandbox: Callable[..., Any], handler_file: Path) -> None:
+    # given a server that does not accept the key
+    server, _ = sandbox("priostack")
+
+    # when the worker runs with another key
+    result = local("--protocol", "priostack", "--url", server.url, "--api-key-env", "TEST_KEY",
+                   "--handler-module", str(handler_file), env=clean_env(TEST_KEY="wrong-key"))
+
+    # then it stops at once and says the configuration was refused
+    assert result.returncode == 2, result
+    assert "configuration refused" in result.stdout
+    assert "wrong-key" not in result.stdout + result.stderr
+
+
+def test_config_markdown_lists_every_setting() -> None:
+    result = subprocess.run([str(CLI), "config", "--markdown"], cwd=ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=30)
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| setting | environment variable | local flag | template parameter |")
+    for name in Settings.model_fields:
+        assert any(line.startswith(f"| `{name}` | `SW_{name.upper()}` |") for line in lines), name
+    batch = next(line for line in lines if line.startswith("| `batch_size`"))
+    assert "`--batch-size`" in batch and "`BatchSize`" in batch and "`10`" in batch
+    assert "`StateTable` (resource)" in next(line for line in lines if line.startswith("| `table_name`"))

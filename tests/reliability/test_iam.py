@@ -1,0 +1,123 @@
+"""template.yaml's IAM is least privilege and still enough: each function's role grants the
+AWS calls its code makes, on the resources it touches, and nothing else.
+
+``make iam-scan`` (checkov, with CKV_SW_1 from scripts/checkov) scans the same template
+in CI; these tests tie the permissions to the code: the DynamoDB calls the state store
+makes are read from its source, so a new call without a permission (an AccessDenied in
+production that moto would never show) fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.template import load_template
+
+FUNCTIONS = ("SchedulerFunction", "ExecutorFunction", "StepsFunction", "DrainFunction")
+STORE = Path(__file__).resolve().parents[2] / "layers/runtime/serverless_worker/state/store.py"
+# Actions AWS offers no resource-level permission for: "*" is their only resource.
+STAR_ONLY = {"xray:PutTraceSegments", "xray:PutTelemetryRecords", "states:SendTaskHeartbeat",
+             "states:SendTaskFailure"}
+TABLE = {"Fn::GetAtt": ["StateTable", "Arn"]}
+INDEX = {"Fn::Sub": "${StateTable.Arn}/index/in-flight"}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _grants(template: dict[str, Any], function: str) -> list[tuple[str, Any]]:
+    """(action, resource) pairs the function's role allows, managed policies included."""
+    resources = template["Resources"]
+    role_ref = resources[function]["Properties"]["Role"]
+    assert role_ref == {"Fn::GetAtt": [f"{function}Role", "Arn"]}, "each function has its own role"
+    role = resources[f"{function}Role"]["Properties"]
+    documents = [p["PolicyDocument"] for p in role.get("Policies", [])]
+    for arn in role.get("ManagedPolicyArns", []):
+        assert isinstance(arn, dict) and "Ref" in arn, f"{function}: only the stack's own managed policies"
+        documents.append(resources[arn["Ref"]]["Properties"]["PolicyDocument"])
+    pairs = []
+    for document in documents:
+        for statement in _list(document["Statement"]):
+            assert statement["Effect"] == "Allow" and "NotAction" not in statement
+            pairs += [(a, r) for a in _list(statement["Action"]) for r in _list(statement["Resource"])]
+    return pairs
+
+
+def _store_operations() -> set[str]:
+    """The DynamoDB operations the state store calls, in IAM spelling (GetItem, Query, ...)."""
+    calls = set(re.findall(r'_call\("(?:read|write)", "(\w+)"', STORE.read_text()))
+    assert {"get_item", "put_item", "update_item"} <= calls, calls
+    return {"dynamodb:" + "".join(part.title() for part in call.split("_")) for call in calls}
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return load_template()
+
+
+def test_the_functions_together_get_exactly_the_store_operations(template: dict[str, Any]) -> None:
+    granted = {action for fn in FUNCTIONS for action, _ in _grants(template, fn)
+               if action.startswith("dynamodb:")}
+    assert granted == _store_operations()
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_each_function_reaches_only_its_own_resources(function: str, template: dict[str, Any]) -> None:
+    grants = _grants(template, function)
+    by_action: dict[str, list[Any]] = {}
+    for action, resource in grants:
+        by_action.setdefault(action, []).append(resource)
+    for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+        assert by_action.pop(action) == [TABLE]
+    assert by_action.pop("secretsmanager:GetSecretValue") == [{"Ref": "ApiKeySecretArn"}]
+    log_group = template["Resources"][function]["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+    for action in ("logs:CreateLogStream", "logs:PutLogEvents"):
+        assert by_action.pop(action) == [{"Fn::GetAtt": [log_group, "Arn"]}]
+    for action in ("xray:PutTraceSegments", "xray:PutTelemetryRecords"):
+        assert by_action.pop(action) == ["*"]
+    # What only some functions do: counting and listing in-flight deliveries (scheduler,
+    # drain), fan-out (scheduler), continue-as-new and task tokens (steps), the DLQ (executor).
+    expected: dict[str, dict[str, list[Any]]] = {
+        "SchedulerFunction": {
+            "dynamodb:Query": [INDEX], "dynamodb:BatchGetItem": [TABLE],
+            "lambda:InvokeFunction": [{"Fn::GetAtt": ["ExecutorFunction", "Arn"]}],
+            "states:StartExecution": [{"Ref": "WorkerStateMachine"}],
+        },
+        "DrainFunction": {"dynamodb:Query": [INDEX], "dynamodb:BatchGetItem": [TABLE]},
+        "ExecutorFunction": {"sqs:SendMessage": [{"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}]},
+        "StepsFunction": {
+            "states:StartExecution": [{"Fn::Sub": "arn:${AWS::Partition}:states:${AWS::Region}:"
+                                                  "${AWS::AccountId}:stateMachine:${AWS::StackName}-worker"}],
+            "states:SendTaskHeartbeat": ["*"], "states:SendTaskFailure": ["*"],
+        },
+    }
+    assert by_action == expected[function]
+
+
+def test_the_executor_dead_letter_queue_is_the_one_it_may_write(template: dict[str, Any]) -> None:
+    config = template["Resources"]["ExecutorFunction"]["Properties"]["EventInvokeConfig"]
+    destination = config["DestinationConfig"]["OnFailure"]["Destination"]
+    assert destination == {"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}
+
+
+def test_no_wildcard_action_and_star_only_where_aws_requires_it(template: dict[str, Any]) -> None:
+    statements = []
+    for name, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        if resource["Type"] == "AWS::Serverless::Function":
+            assert "Policies" not in props, f"{name}: SAM policies would add a role with AWS managed policies"
+        policies = props.get("Policies", [])
+        documents = [props.get("PolicyDocument")] + [p.get("PolicyDocument", p) for p in _list(policies)]
+        statements += [(name, s) for d in documents if isinstance(d, dict)
+                       for s in _list(d.get("Statement", []))]
+    assert len(statements) > 10
+    for name, statement in statements:
+        actions = _list(statement["Action"])
+        assert not any("*" in action for action in actions), (name, actions)
+        if "*" in _list(statement["Resource"]):
+            assert set(actions) <= STAR_ONLY, (name, actions)

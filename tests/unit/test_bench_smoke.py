@@ -1,0 +1,164 @@
+"""Keeps the benchmark code working (``make bench``): its cheap pieces, run for real.
+
+No timing is asserted here: the figures belong to ``make bench`` on an idle machine. These
+tests check that the pieces count what they claim to count.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # benchmarks/ is a top-level package of the repository
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import cost, report  # noqa: E402
+from benchmarks.harness import CREDENTIALS, HandlerClock, minimum_calls, percentile, seed_body  # noqa: E402
+from benchmarks.minimal_worker import MinimalWorker  # noqa: E402
+from benchmarks.rig import RuntimeRig  # noqa: E402
+from benchmarks.throughput import ThroughputResult, dynamodb_per_job  # noqa: E402
+
+ASL = json.loads((ROOT / "functions" / "statemachine" / "worker.asl.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("protocol", ["pipelogiq", "priostack", "claimqueue"])
+def test_minimal_worker_makes_exactly_the_protocol_calls(protocol: str, serve: Callable[..., Any],
+                                                         admin_for: Callable[..., Any]) -> None:
+    server = serve(protocol)
+    admin = admin_for(server)
+    jobs = 20
+    admin.seed(seed_body(protocol, [{"n": n, "t": 0.5} for n in range(jobs)]))
+    clock = HandlerClock()
+    worker = MinimalWorker(protocol, server.url, CREDENTIALS[protocol], concurrency=4, batch_size=10,
+                           note=clock.note)
+    try:
+        took = worker.run(jobs, timeout=60)
+    finally:
+        worker.close()
+    assert took is not None and worker.done == jobs and not worker.errors
+    assert len(clock.starts) == jobs and all(created == 0.5 for created, _ in clock.starts)
+    calls = admin.stats()["calls"]
+    minimum = minimum_calls(protocol, 10, jobs)
+    for endpoint, per_job in minimum.items():
+        if endpoint == "activate":  # batches shrink to the free slots once the pool is full
+            assert jobs * per_job <= calls[endpoint] <= jobs + 1, calls
+        elif endpoint in ("pull", "claim"):  # one per job, plus the poll that finds the queue empty
+            assert jobs <= calls[endpoint] <= jobs + 2, calls
+        else:
+            assert calls[endpoint] == round(jobs * per_job), calls
+    settled = [j for j in admin.jobs() if str(j.get("status", j.get("state"))).lower()
+               in ("succeeded", "completed", "finished")]
+    assert len(settled) == jobs, admin.jobs()[:2]
+
+
+def test_runtime_rig_counts_every_job(serve: Callable[..., Any], admin_for: Callable[..., Any]) -> None:
+    """The runtime wired as the local runner wires it, on moto's server: 5 jobs, each counted."""
+    from serverless_worker.local.aws import EmbeddedAws
+
+    server = serve("priostack")  # no long poll: the rig stops at once without stopping the server
+    admin = admin_for(server)
+    admin.seed(seed_body("priostack", [{"n": n} for n in range(5)]))
+    sandbox = SimpleNamespace(protocol="priostack", url=server.url, credential=CREDENTIALS["priostack"])
+    clock = HandlerClock()
+    aws = EmbeddedAws.start(pool_size=16)
+    try:
+        rig = RuntimeRig(aws, sandbox, registry=clock.registry(), concurrency=2, batch_size=10,
+                         max_in_flight=50, poll_window=30.0)
+        try:
+            rig.start()
+            assert rig.wait_reported(5, timeout=60) is not None
+            operations = rig.store_calls.snapshot()
+        finally:
+            rig.stop()
+            rig.close()
+    finally:
+        aws.close()
+    assert len(clock.starts) == 5 and rig.actions == {"reported": 5}
+    for name in ("record_delivery", "start_run", "store_outcome", "mark_reported", "mark_acknowledged"):
+        assert operations[name] == 5, operations
+    assert admin.stats()["calls"]["complete"] == 5
+
+
+def test_cost_model_arithmetic() -> None:
+    long_path = cost.long_path_transitions(ASL, slices=2, renewals=3)
+    assert long_path == {"transitions": 10 + 2 * 2 + 3 * 3, "lambda_invocations": 3 + 2 + 3,
+                         "slices": 2, "renewals": 3}
+    dynamodb = dynamodb_per_job({"read": 10, "write": 600}, {
+        "record_delivery": 100, "start_run": 100, "store_outcome": 100, "mark_reported": 100,
+        "mark_acknowledged": 100, "add_counters": 100, "get_control": 2}, 100, item_bytes=1500.0)
+    assert dynamodb["writes_per_job"] == 6 and dynamodb["reads_per_job"] == 0.1
+    assert dynamodb["write_units_per_ledger_write"] == 2
+    assert dynamodb["per_tick_operations"] == {"get_control": 2}
+    one = cost.per_million_jobs(protocol="pipelogiq", dynamodb=dynamodb, executor_ms=99.2,
+                                executor_memory_mb=512, steps_memory_mb=512,
+                                long_path=cost.long_path_transitions(ASL))
+    short = one["short_path"]
+    # 5 ledger writes of 2 units, 1 counters write, GSI: record 1 + start_run 2 + 3 status changes.
+    assert short["wru_per_job"] == 5 * 2 + 1 + 6 and short["gsi_wru_per_job"] == 6
+    assert short["lambda_requests_usd"] == pytest.approx(0.20)
+    # 99.2 ms bills as 100 ms (1 ms granularity) at 0.5 GB.
+    assert short["lambda_gb_seconds_usd"] == pytest.approx(1e6 * 0.100 * 0.5 * 0.0000166667)
+    assert short["dynamodb_usd"] == pytest.approx(17 * 0.625 + 0.1 * 0.125)
+    assert one["long_path"]["step_functions_usd"] == pytest.approx(15 * 25.0)
+
+    fixed = cost.fixed_monthly(idle={"window_s": 2.0, "duration_s": 1.5, "reads": 4, "writes": 0},
+                               schedule_minutes=1, window_s=50, scheduler_memory_mb=256, alarms=5)
+    modes = fixed["modes"]
+    assert fixed["ticks_per_month"] == 730 * 60
+    assert modes["heartbeat_only_window"]["window_s"] == 30  # 60 s period, offline after 45 s, beats at 15 s
+    assert modes["liveness_while_work_exists"]["billed_s_per_tick"] == 1.5
+    configured = modes["window_as_configured"]["lambda_compute_usd"]
+    assert configured == pytest.approx(43800 * 50 * 0.25 * 0.0000166667)
+    totals = [m["total_usd"] for m in modes.values()]
+    assert totals == sorted(totals, reverse=True)
+    assert all(m["total_with_free_tier_usd"] < m["total_usd"] for m in modes.values())
+    always_on = cost.always_on_alternatives()
+    assert always_on["ec2_t4g_nano"]["usd"] == pytest.approx(730 * (0.0042 + 0.005) + 8 * 0.08)
+
+
+def test_cost_model_refuses_a_drifted_state_machine() -> None:
+    drifted = json.loads(json.dumps(ASL))
+    drifted["States"]["Acquire2"] = drifted["States"].pop("Acquire")
+    with pytest.raises(ValueError, match="Acquire"):
+        cost.long_path_transitions(drifted)
+
+
+def test_report_renders_and_judges_targets() -> None:
+    result = ThroughputResult(protocol="priostack", jobs=100, concurrency=4, batch_size=10,
+                              runtime_jobs_per_s=90.0, minimal_jobs_per_s=100.0,
+                              runtime_calls={"activate": 0.14, "complete": 1.0},
+                              minimal_calls={"activate": 0.11, "complete": 1.0},
+                              minimum_calls=minimum_calls("priostack", 10, 100),
+                              dynamodb={"writes_per_job": 6.0, "reads_per_job": 0.1,
+                                        "ledger_item_bytes": 900.0,
+                                        "by_operation_per_job": {"start_run": 1.0}},
+                              executor_ms={"mean": 10.0, "p50": 9.0, "p95": 20.0},
+                              scheduler={"full_waits": 0})
+    assert result.ratio == pytest.approx(0.9)
+    assert result.calls_above_minimal_worker == {"activate": pytest.approx(0.03)}
+    results = {"meta": {"protocols": ["priostack"], "jobs": 100},
+               "throughput": {"priostack": result.as_dict()},
+               "latency": {"priostack": {"p50_s": 0.4, "p95_s": 0.9, "started": 5, "jobs": 5}},
+               "dispatch": {"priostack": {"dispatches_per_s": 150.0, "dispatched": 5, "deliveries": 5,
+                                          "pull_calls": {"activate": 1}, "pull_ms_per_delivery": 1.0,
+                                          "record_ms_each": 2.0}}}
+    marks = report.verdicts(results)
+    assert marks["a_ratio"].endswith(": met") and marks["e_p50"].endswith(": met")
+    assert marks["b_above_minimum"].endswith(": met")  # 3 calls in the run: within the slack
+    assert marks["c_writes"].endswith("NOT met") and marks["g_rate"].endswith("NOT met")
+    assert marks["d_ratio"].endswith("not measured")
+    text = report.render(results)
+    assert "(a) throughput" in text and "(g) scheduler dispatch rate" in text and "(d) cold start" not in text
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(n) for n in range(1, 101)], 95) == 95.0
