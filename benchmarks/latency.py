@@ -2,9 +2,9 @@
 is already ticking when jobs arrive, one at a time at a steady rate.
 
 Each job carries its creation time (``t``, taken just before the seed call); the bench
-handler notes when it starts. The same run gives the executor's duration at light load,
-which the cost model uses (under the throughput run's backlog the executors queue for the
-emulated DynamoDB, which real DynamoDB does not make them do).
+handler notes when it starts. What lies between: the wait for the next pull (a long poll
+answers at once; a Priostack or claim-queue poller sleeps after an empty poll), the ledger
+write, the dispatch, the executor's claim and, for Pipelogiq, the lease.
 """
 
 from __future__ import annotations

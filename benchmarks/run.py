@@ -136,17 +136,17 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
             if "latency" not in skip:
                 _say(f"{protocol}: latency")
                 results["latency"][protocol] = measure_latency(
-                    aws, protocol, jobs=20 if quick else 60, rate=10.0,
+                    aws, protocol, jobs=20 if quick else 40, rate=10.0,
                     poll_window=defaults["poll_window_seconds"], **shape)
             if "dispatch" not in skip:
                 _say(f"{protocol}: dispatch rate")
                 results["dispatch"][protocol] = measure_dispatch_rate(
-                    aws, protocol, deliveries=100 if quick else 300, batch_size=defaults["batch_size"])
+                    aws, protocol, deliveries=100 if quick else 200, batch_size=defaults["batch_size"])
             if "idle" not in skip:
                 _say(f"{protocol}: idle tick, executor alone")
                 results["idle_tick"][protocol] = measure_idle_tick(aws, protocol, window=IDLE_WINDOW, **shape)
                 results["executor_alone"][protocol] = measure_executor_alone(aws, protocol,
-                                                                             jobs=5 if quick else 20)
+                                                                             jobs=5 if quick else 10)
     finally:
         aws.close()
 

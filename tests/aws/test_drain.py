@@ -65,7 +65,7 @@ def test_drain_leaves_nothing_in_flight(worker_env: Any, recorder: Any, monkeypa
             real_invoke(key)
 
     monkeypatch.setattr(dispatcher, "invoke_executor", every_other)
-    first = env.tick(1.5)
+    first = env.tick(2.0)
     assert first["dispatched"] == 4 and len(queued) == 2, first
     assert recorder.wait_active(2, 5)                       # two jobs are running
 

@@ -134,7 +134,7 @@ def test_executor_rereports_a_stored_outcome_without_rerunning(worker_env: Any, 
         raise LambdaCrash("the executor died right after storing its outcome")
 
     monkeypatch.setattr(store, "store_outcome", store_then_crash)
-    first = env.tick(1.5)
+    first = env.tick(2.0)
     env.stack.wait_idle(10)
     monkeypatch.setattr(store, "store_outcome", real_store_outcome)
 
@@ -151,7 +151,7 @@ def test_executor_rereports_a_stored_outcome_without_rerunning(worker_env: Any, 
     assert answer["action"] == "reported" and answer["resumed"] is True, answer
     # The reaper settles the other once its deadline passes.
     backdate(env, reaped)
-    second = env.tick(1.5)
+    second = env.tick(1.2)
     env.stack.wait_idle(10)
     assert second["reaped"] == 1 and second["pulled"] == 0, second
 
@@ -197,7 +197,7 @@ def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, re
             real_invoke(key)
 
     monkeypatch.setattr(dispatcher, "invoke_executor", lose_echo_invocations)
-    first = env.tick(1.5)
+    first = env.tick(2.0)
     env.stack.wait_idle(10)
     monkeypatch.setattr(dispatcher, "invoke_executor", real_invoke)
 
@@ -289,12 +289,12 @@ def test_a_late_executor_is_fenced_after_the_reaper_took_over(worker_env: Any, r
     else:
         env.seed("e2e.hang", [{"n": 1}], retries=1)    # Priostack: retries 1 - 1 = 0, an incident
 
-    env.tick(1.5)
+    env.tick(2.0)
     assert recorder.wait_active(1, 5)                  # the executor is alive, but too slow
     (item,) = ledger(env)
     assert item.status is LedgerStatus.RUNNING
     backdate(env, item.key)
-    second = env.tick(1.5)                             # the reaper takes the run over
+    second = env.tick(1.2)                             # the reaper takes the run over
     assert second["reaped"] == 1, second
     if protocol == "priostack":                        # Pipelogiq: the refused renewal cancels it
         recorder.release.set()

@@ -51,10 +51,11 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
             next_heartbeat = now + (session.heartbeat_interval if session else 15.0)
         # Hand back whatever never started: nothing to finish there.
         for item in store.in_flight(protocol_name, instance):
+            claim = handback_epoch()
             if str(item.status).endswith(("RECORDED", "DISPATCHED")) and store.start_run(
-                    item.key, epoch=handback_epoch(), deadline=now + 60) is not None:
+                    item.key, epoch=claim, deadline=now + 60) is not None:
                 try:
-                    hand_back(services, item.key, item.delivery, "worker draining")
+                    hand_back(services, item.key, item.delivery, "worker draining", epoch=claim)
                     report.handed_back += 1
                 except ServerlessWorkerError as err:
                     log.warning("hand back during drain failed: %s", err)
@@ -79,8 +80,10 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
 
 
 def resume_pulling(services: Services) -> None:
-    """Clear the draining flag so the next tick pulls again."""
+    """Clear the draining and stopped flags so the next tick pulls again (an operator
+    resumes after fixing whatever stopped the worker)."""
     services.store.set_draining(services.protocol_name, services.instance, False)
+    services.store.set_stopped(services.protocol_name, services.instance, None)
 
 
 def _heartbeat(services: Services, state: str) -> None:

@@ -87,7 +87,8 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
     except ProtocolError as err:
         # We could not learn whether we hold the lease; the handler has not started, so
         # handing back is safe and definite.
-        return hand_back(services, ledger_key, delivery, f"lease not acquired: {type(err).__name__}")
+        return hand_back(services, ledger_key, delivery, f"lease not acquired: {type(err).__name__}",
+                         epoch=epoch)
 
     try:
         spec = services.registry.get(delivery.handler)
@@ -102,7 +103,8 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
                          now=services.clock())
     if budget < 1.0 or (spec.timeout is not None and budget < spec.timeout):
         # DESIGN: a delivery whose remaining time cannot fit the handler's timeout is handed back.
-        return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler")
+        return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
+                         epoch=epoch)
 
     outcome = store_outcome(services, ledger_key, epoch, _run(services, delivery, spec, lease, budget))
     return settle(services, ledger_key, delivery, outcome)

@@ -45,14 +45,16 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
         status = str(item.status)
         try:
             if status.endswith(("RECORDED", "DISPATCHED", "DISPATCH_FAILED")):
-                if store.start_run(item.key, epoch=handback_epoch(), deadline=now + grace) is not None:
-                    hand_back(services, item.key, item.delivery, "never started before its deadline")
+                claim = handback_epoch()
+                if store.start_run(item.key, epoch=claim, deadline=now + grace) is not None:
+                    hand_back(services, item.key, item.delivery, "never started before its deadline", epoch=claim)
                     report.handed_back += 1
             elif status.endswith("RUNNING") and str(item.epoch or "").startswith(HANDBACK_PREFIX):
                 # A hand-back whose call failed: the handler never ran, so hand back again.
-                if store.take_over(item.key, old_epoch=item.epoch, new_epoch=handback_epoch(),
-                                   deadline=now + grace):
-                    hand_back(services, item.key, item.delivery, "earlier hand-back did not complete")
+                claim = handback_epoch()
+                if store.take_over(item.key, old_epoch=item.epoch, new_epoch=claim, deadline=now + grace):
+                    hand_back(services, item.key, item.delivery, "earlier hand-back did not complete",
+                              epoch=claim)
                     report.handed_back += 1
             elif status.endswith("RUNNING"):
                 if store.take_over(item.key, old_epoch=item.epoch, new_epoch=epoch, deadline=now + grace):

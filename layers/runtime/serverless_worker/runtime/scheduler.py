@@ -250,8 +250,9 @@ class Scheduler:
         except DispatchError as err:
             log.warning("dispatch failed for %s: %s", delivery.job_id, err)
             try:
-                if services.store.start_run(key, epoch=handback_epoch(), deadline=deadline) is not None:
-                    hand_back(services, key, delivery, f"dispatch failed: {err}")
+                claim = handback_epoch()
+                if services.store.start_run(key, epoch=claim, deadline=deadline) is not None:
+                    hand_back(services, key, delivery, f"dispatch failed: {err}", epoch=claim)
                     return "failed"
             except ProtocolError as hand_err:
                 log.warning("hand back after failed dispatch did not go through: %s", hand_err)

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError
 from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Delivery, ReportReceipt
+from ..state.store import HANDBACK_EPOCH_PREFIX
 from .services import Services
 
 __all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",
@@ -24,7 +25,7 @@ __all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledg
 # Epochs of ledger claims taken only to hand a delivery back: the handler never ran
 # under them, so a claim stranded by a failed hand-back call is handed back again,
 # never settled as a run that died.
-HANDBACK_PREFIX = "handback:"
+HANDBACK_PREFIX = HANDBACK_EPOCH_PREFIX
 
 
 def handback_epoch() -> str:
@@ -83,13 +84,24 @@ def acknowledge(services: Services, key: str, delivery: Delivery) -> None:
     services.store.mark_acknowledged(key)
 
 
-def hand_back(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
-    """Return an unstarted delivery without using an attempt."""
+def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
+              epoch: str | None = None) -> Settlement:
+    """Return an unstarted delivery without using an attempt.
+
+    The ledger claim is first moved to a hand-back epoch, so that when the server
+    redelivers the job before our final write, the scheduler records the redelivery
+    afresh (instead of dropping it as a duplicate), and our final write, fenced by that
+    epoch, cannot clobber the new item.
+    """
+    if epoch is not None and not epoch.startswith(HANDBACK_PREFIX):
+        claim = handback_epoch()
+        if services.store.take_over(key, old_epoch=epoch, new_epoch=claim, deadline=services.clock() + 60):
+            epoch = claim
     try:
         services.call(lambda p: p.hand_back(delivery))
     except NotFoundError as err:
         log.warning("hand back found nothing to return: %s", err)
-    services.store.mark_handed_back(key, reason)
+    services.store.mark_handed_back(key, reason, epoch=epoch)
     services.events.add("job.handed_back", f"job {delivery.job_id} handed back: {reason}",
                         job_id=delivery.job_id)
     _count(services, None, handed_back=1)

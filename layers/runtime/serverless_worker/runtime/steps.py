@@ -144,7 +144,7 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
             lease = Lease()
         else:
             # Unknown whether we hold the lease; the handler has not started: handing back is safe.
-            hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}")
+            hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
             return _done(reason="lease not acquired", epoch=epoch)
     try:
         spec = services.registry.get(delivery.handler)
@@ -163,7 +163,7 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
         # Nor past a lease that cannot be renewed: after it the item may run elsewhere.
         timeout = min(timeout, int(lease.expires_at - now - LEASE_MARGIN_SECONDS))
         if timeout < 2:
-            hand_back(services, key, delivery, "too little lease left to wait for a callback")
+            hand_back(services, key, delivery, "too little lease left to wait for a callback", epoch=epoch)
             return _done(reason="no time", epoch=epoch)
     timeout = max(2, timeout)
     # The renew loop heartbeats every cycle; AWS wants the heartbeat below the timeout.
@@ -430,8 +430,9 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
     error = event.get("error") or {}
     name = str(error.get("Error") or "execution failed")[:128]
     if item.status in (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED):
-        if store.start_run(key, epoch=handback_epoch(), deadline=now + 60) is not None:
-            hand_back(services, key, item.delivery, f"state machine failed: {name}")
+        claim = handback_epoch()
+        if store.start_run(key, epoch=claim, deadline=now + 60) is not None:
+            hand_back(services, key, item.delivery, f"state machine failed: {name}", epoch=claim)
             return {"action": "handed_back"}
     elif item.status is LedgerStatus.RUNNING:
         # Ours, or our successor's when the handover failed before its execution started.
@@ -444,7 +445,8 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
             if item.cancel_reason:
                 _store(services, key, new_epoch, _lease_lost(item))
             elif unstarted:
-                hand_back(services, key, item.delivery, f"failed before the handler started: {name}")
+                hand_back(services, key, item.delivery, f"failed before the handler started: {name}",
+                          epoch=new_epoch)
                 return {"action": "handed_back"}
             else:
                 failure = Outcome(kind=OutcomeKind.FAILURE, error_code="STATE_MACHINE_ERROR",

@@ -95,6 +95,9 @@ from .keys import (
 
 __all__ = ["EXPIRED_RETENTION_SECONDS", "FINAL_RETENTION_SECONDS", "StateStore"]
 
+# Epoch prefix of ledger claims taken only to hand a delivery back (runtime.settle).
+HANDBACK_EPOCH_PREFIX = "handback:"
+
 log = logging.getLogger("serverless_worker.state")
 
 FINAL_RETENTION_SECONDS = 7 * 86400    # a settled ledger item stays this long (duplicate detection, audit)
@@ -223,8 +226,13 @@ class StateStore:
         # A new execution; or one whose settled item outlived its ttl (TTL deletes late: it counts as gone).
         condition = "attribute_not_exists(#pk) OR #ttl < :now"
         if again_after_hand_back:
-            condition += " OR #status = :handed_back"
-        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value}
+            # Also while a hand-back is still in progress (its claim's epoch says so): the
+            # server may redeliver before the hand-back's own ledger write lands, and that
+            # delivery is the job coming back, not a duplicate.
+            condition += (" OR #status = :handed_back"
+                          " OR (#status = :running AND begins_with(#epoch, :handback))")
+        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value,
+                  "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX}
         if self._put(key, item, condition, values, what="the delivery") is None:
             log.info("duplicate delivery %s: already in the ledger", key)
             return None
