@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from serverless_worker.state import LedgerItem, LedgerStatus
+from serverless_worker.state import LedgerItem
 from serverless_worker.state.items import from_item
 
 __all__ = [
@@ -143,10 +143,6 @@ def backdate(env: Any, key: str) -> None:
         UpdateExpression="SET #deadline = :past", ConditionExpression="attribute_exists(#deadline)",
         ExpressionAttributeNames={"#deadline": "deadline"},
         ExpressionAttributeValues={":past": {"N": repr(time.time() - 1)}})
-
-
-def statuses(env: Any) -> dict[str, LedgerStatus]:
-    return {item.key: item.status for item in ledger(env)}
 
 
 # -- driving -------------------------------------------------------------------------------

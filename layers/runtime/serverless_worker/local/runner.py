@@ -34,7 +34,7 @@ from pydantic import SecretStr
 
 from ..errors import ServerlessWorkerError
 from ..runtime.context import LambdaContextLike, LocalContext
-from ..runtime.drain import DrainReport, drain
+from ..runtime.drain import drain
 from ..runtime.executor import execute
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
@@ -79,8 +79,9 @@ class LocalRunner:
         self.own_sandbox = own_sandbox
         self.console = console
         self.live = live
-        self._stop_requested = threading.Event()   # set from a signal, idleness or a fatal tick
+        self._stop_requested = threading.Event()   # set on a signal, idleness or a fatal tick
         self._hurry = threading.Event()            # a second signal: stop waiting
+        self._signals: list[int] = []              # appended by the signal handler, nothing else
         self._stop: _Stop | None = None
         self._stop_lock = threading.Lock()
         self._reached_server = False
@@ -190,6 +191,7 @@ class LocalRunner:
         idle = self.settings.until_idle_seconds
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
         while not self._stop_requested.is_set():
+            self._check_signals()
             status = self._status()
             progress.update(status)
             quiet = self._observer.quiet_for()
@@ -206,9 +208,7 @@ class LocalRunner:
         scheduler.wake()
         if not self._wait(ticker, progress):
             return True
-        reports: list[DrainReport] = []
-        drainer = threading.Thread(target=lambda: reports.append(self._drain(services)), name="drain",
-                                   daemon=True)
+        drainer = threading.Thread(target=self._drain, args=(services,), name="drain", daemon=True)
         drainer.start()
         if not self._wait(drainer, progress):
             return True
@@ -219,19 +219,19 @@ class LocalRunner:
     def _wait(self, thread: threading.Thread, progress: Progress) -> bool:
         """Join ``thread`` while refreshing the status; ``False`` when a second signal says stop now."""
         while thread.is_alive():
+            self._check_signals()
             if self._hurry.is_set():
                 return False
             progress.update(self._status())
             thread.join(_POLL)
         return True
 
-    def _drain(self, services: Services) -> DrainReport:
+    def _drain(self, services: Services) -> None:
         try:
-            return drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
-                         sleep=self._sleep_unless_hurried)
+            drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
+                  sleep=self._sleep_unless_hurried)
         except ServerlessWorkerError as err:
             log.warning("drain did not complete: %s", err)
-            return DrainReport()
 
     def _tick_loop(self) -> None:
         """Ticks back to back; a failed tick is followed by the next one, as a schedule would."""
@@ -321,16 +321,18 @@ class LocalRunner:
     # -- signals -------------------------------------------------------------------------
     def _install_signals(self) -> dict[int, Any]:
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            # Only flags here: the main thread may be inside a client holding a lock.
-            if self._stop_requested.is_set():
-                self._hurry.set()
-                return
-            with self._stop_lock:
-                if self._stop is None:
-                    self._stop = _Stop(signal.Signals(signum).name)
-            self._stop_requested.set()
+            # Only note it: a handler runs between two bytecodes of the main thread, which may
+            # hold any lock (an Event's included); the controller acts on it within _POLL.
+            self._signals.append(signum)
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _check_signals(self) -> None:
+        """The first signal drains; a second one stops waiting."""
+        if self._signals:
+            self._request_stop(signal.Signals(self._signals[0]).name)
+        if len(self._signals) > 1:
+            self._hurry.set()
 
     @staticmethod
     def _restore_signals(previous: dict[int, Any]) -> None:

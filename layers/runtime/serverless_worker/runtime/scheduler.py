@@ -62,7 +62,8 @@ class Scheduler:
     """Runs ticks; one instance per container (it keeps the dispatch pool warm)."""
 
     def __init__(self, services: Services, *, sleep: Callable[[float], None] = time.sleep,
-                 dispatch_workers: int = 16, wait_for_capacity: Callable[[float], None] | None = None) -> None:
+                 dispatch_workers: int = 16,
+                 wait_for_capacity: Callable[[float], None] | None = None) -> None:
         self.services = services
         self._sleep = sleep
         # How a full tick waits for an executor to finish (``sleep`` unless given): the local
