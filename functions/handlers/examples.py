@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, Field
+
 from serverless_worker import BusinessError, Continue, Job, handler
 
 __all__ = ["Nap", "Payment", "Report", "charge", "echo", "sleepy", "slow_report"]

@@ -1,5 +1,7 @@
 import time
+
 import pytest
+
 
 @pytest.mark.parametrize("protocol", ["pipelogiq", "priostack", "claimqueue"])
 def test_smoke(worker_env, protocol):

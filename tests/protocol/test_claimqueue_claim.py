@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import requests
+
 from serverless_worker.errors import InvalidApiKeyError, ServerUnavailableError
 from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import requests
+
 from serverless_worker.errors import BusinessError, ResultNotAcceptedError
 from serverless_worker.outcome import Outcome, OutcomeKind
 from serverless_worker.protocols.base import Delivery, PullRequest

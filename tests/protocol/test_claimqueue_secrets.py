@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
 from serverless_worker.errors import (
     BadRequestError,
     ConfigurationError,

@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
 from serverless_worker.errors import (
     BadRequestError,
     InvalidApiKeyError,
@@ -23,8 +26,6 @@ from serverless_worker.protocols.base import Delivery, PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
-from websockets.exceptions import InvalidStatus
-from websockets.sync.client import ClientConnection, connect
 
 TOKEN = "sandbox-token"
 QUEUE = "resize"

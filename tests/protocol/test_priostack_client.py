@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import requests
+
 from serverless_worker.errors import (
     ConfigurationError,
     InvalidApiKeyError,

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+
 from serverless_worker.errors import (
     BadRequestError,
     InvalidApiKeyError,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import requests
+
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 

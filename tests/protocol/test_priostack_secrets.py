@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+
 from serverless_worker.errors import (
     InvalidApiKeyError,
     NotFoundAfterRetryError,

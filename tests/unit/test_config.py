@@ -13,6 +13,7 @@ import boto3
 import pytest
 from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
+
 from serverless_worker.config import LOCAL_API_KEY, Settings, load_settings
 from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError

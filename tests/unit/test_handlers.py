@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import serverless_worker
 from pydantic import BaseModel, SecretStr
+
+import serverless_worker
 from serverless_worker import BusinessError, Continue, Job, Result, handler
 from serverless_worker.errors import (
     ConfigurationError,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
+
 from serverless_worker import BusinessError, Continue, Job, Result
 from serverless_worker.handlers import HandlerSpec
 from serverless_worker.outcome import OutcomeKind

@@ -138,7 +138,8 @@ class HttpTransport:
     def __post_init__(self) -> None:
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigurationError(f"base URL must be http(s)://host[:port][/path], got {parts.scheme or 'no'} scheme")
+            raise ConfigurationError(
+                f"base URL must be http(s)://host[:port][/path], got {parts.scheme or 'no'} scheme")
         if parts.scheme == "http" and not self.allow_insecure_http and not is_loopback_url(self.base_url):
             raise ConfigurationError(
                 f"refusing plain http:// to non-loopback host {parts.hostname}; use https:// "
@@ -256,7 +257,8 @@ def _is_connect_refused(err: BaseException) -> bool:
             return True
         if "NewConnectionError" in type(cur).__name__ or "Connection refused" in str(type(cur)):
             return True
-        cur = cur.__cause__ or cur.__context__ or (cur.args[0] if cur.args and isinstance(cur.args[0], BaseException) else None)
+        first_arg = cur.args[0] if cur.args and isinstance(cur.args[0], BaseException) else None
+        cur = cur.__cause__ or cur.__context__ or first_arg
     return False
 
 

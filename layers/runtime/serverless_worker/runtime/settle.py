@@ -52,14 +52,17 @@ def settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) -
     if outcome.kind is OutcomeKind.LEASE_LOST:
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
         return discard(services, key, delivery, "lease lost while running")
-    receipt = report(services, key, delivery, outcome)
-    acknowledge(services, key, delivery)
+    receipt = report(services, key, delivery, outcome, record=False)
+    acknowledge(services, key, delivery, receipt=receipt)
     _count(services, outcome)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
 
-def report(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
-    """Send the outcome (retries live in the client); a too-large result becomes a failure."""
+def report(services: Services, key: str, delivery: Delivery, outcome: Outcome, *,
+           record: bool = True) -> ReportReceipt:
+    """Send the outcome (retries live in the client); a too-large result becomes a failure.
+
+    ``record=False`` leaves the ledger write to :func:`acknowledge` (one write, not two)."""
     try:
         receipt = services.call(lambda p: p.report(delivery, outcome))
     except PayloadTooLargeError as err:
@@ -71,17 +74,19 @@ def report(services: Services, key: str, delivery: Delivery, outcome: Outcome) -
         receipt = ReportReceipt(accepted=False, status=err.item_status)
         services.events.add("job.result_not_accepted", f"result for {delivery.job_id} not accepted: "
                             f"{err.item_status}", level="WARN", job_id=delivery.job_id)
-    services.store.mark_reported(key, receipt)
+    if record:
+        services.store.mark_reported(key, receipt)
     return receipt
 
 
-def acknowledge(services: Services, key: str, delivery: Delivery) -> None:
+def acknowledge(services: Services, key: str, delivery: Delivery, *,
+                receipt: ReportReceipt | None = None) -> None:
     try:
         services.call(lambda p: p.acknowledge(delivery))
     except NotFoundError as err:
         # The token expired or was already settled: the result is in, recovery handles the rest.
         log.warning("acknowledgement not found: %s", err)
-    services.store.mark_acknowledged(key)
+    services.store.mark_acknowledged(key, receipt)
 
 
 def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,

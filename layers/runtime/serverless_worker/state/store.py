@@ -337,9 +337,16 @@ class StateStore:
                                 "#updated_at = :now", "#status = :outcome_stored",
                                 report=dumps(receipt.model_dump(mode="json")))
 
-    def mark_acknowledged(self, key: str) -> bool:
-        # Acknowledging settles a reported outcome, once.
-        return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
+    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool:
+        """Final. With ``receipt`` it also records the report: the short path writes once
+        after report + ack instead of twice (a crash between them re-reports, which every
+        protocol tolerates: fenced, 404-reconciled or ``accepted:false``)."""
+        if receipt is None:
+            # Acknowledging settles a reported outcome, once.
+            return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
+        # Report and acknowledgement of a stored outcome recorded together, once.
+        return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status IN (:outcome_stored, :reported)",
+                           report=dumps(receipt.model_dump(mode="json")))
 
     def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
         """Final: returned to the server unstarted. With ``epoch``, only if that run owns it."""
@@ -394,10 +401,7 @@ class StateStore:
 
     def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
         """Stop pulling (configuration is wrong) with ``reason``; ``None`` clears it."""
-        if reason:
-            update = "SET #stopped = :reason, #updated_at = :now"
-        else:
-            update = "SET #updated_at = :now REMOVE #stopped"
+        update = "SET #stopped = :reason, #updated_at = :now" if reason else "SET #updated_at = :now REMOVE #stopped"
         # No condition: an operator flag, last writer wins.
         self._update(control_key(protocol, instance), update, None, self._values(reason=reason),
                      what="control")
@@ -431,15 +435,17 @@ class StateStore:
         return response
 
     def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
-               epoch: str | None = None) -> bool:
+               epoch: str | None = None, report: str | None = None) -> bool:
         update = "SET #status = :final, #updated_at = :now, #ttl = :ttl"
         if reason is not None:
             update += ", #error = :reason"
+        if report is not None:
+            update += ", #report = :report"
         # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
         update += " REMOVE #scope, #deadline, #checkpoint"
         ttl = int(self._clock()) + FINAL_RETENTION_SECONDS
         return self._transition(key, update, condition, final=status.value, ttl=ttl, reason=reason,
-                                epoch=epoch)
+                                epoch=epoch, report=report)
 
     def _key(self, pk: str) -> dict[str, Any]:
         return {PK: {"S": pk}, SK: {"S": sort_key_for(pk)}}
@@ -515,7 +521,7 @@ class StateStore:
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def _index_items(self, scope: str, before: float | None) -> list[LedgerItem]:
-        """Query the index, then read the full items (the index projects only a few attributes)."""
+        """Query the index, then read the full items (the index holds keys only)."""
         keys = [entry[PK]["S"] for page in self._index_pages(scope, before, count=False)
                 for entry in page.get("Items", [])]
         found: dict[str, LedgerItem] = {}
