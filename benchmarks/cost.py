@@ -81,10 +81,12 @@ LONG_PATH_STATES = {
     "lambda_once": ["Acquire", "Report", "Ack"],
 }
 
-# Ledger writes that change the in-flight index (keys or projected status/epoch): each is a
-# GSI write too; start_run moves the index's sort key (deadline), a delete plus a put.
-GSI_WRITES = {"record_delivery": 1, "mark_dispatched": 1, "mark_dispatch_failed": 1, "start_run": 2,
-              "take_over": 2, "store_outcome": 1, "mark_reported": 1, "mark_acknowledged": 1,
+# Index writes per ledger write. The in-flight index holds keys only, so only writes that
+# add, move or remove an index key cost an index write: record puts one, a deadline change
+# (start_run, take_over, renew_deadline, mark_dispatch_failed) is a delete plus a put, and a
+# final state removes it. Status-only changes (store_outcome, mark_reported) cost none.
+GSI_WRITES = {"record_delivery": 1, "mark_dispatched": 0, "mark_dispatch_failed": 2, "start_run": 2,
+              "take_over": 2, "store_outcome": 0, "mark_reported": 0, "mark_acknowledged": 1,
               "mark_handed_back": 1, "mark_discarded": 1, "renew_deadline": 2}
 _LEDGER_WRITES = frozenset(GSI_WRITES) | {"save_checkpoint"}
 

@@ -81,8 +81,9 @@ def test_runtime_rig_counts_every_job(serve: Callable[..., Any], admin_for: Call
     finally:
         aws.close()
     assert len(clock.starts) == 5 and rig.actions == {"reported": 5}
-    for name in ("record_delivery", "start_run", "store_outcome", "mark_reported", "mark_acknowledged"):
+    for name in ("record_delivery", "start_run", "store_outcome", "mark_acknowledged"):
         assert operations[name] == 5, operations
+    assert "mark_reported" not in operations  # report and ack are recorded in one write
     assert admin.stats()["calls"]["complete"] == 5
 
 
@@ -100,12 +101,12 @@ def test_cost_model_arithmetic() -> None:
                                 executor_memory_mb=512, steps_memory_mb=512,
                                 long_path=cost.long_path_transitions(ASL))
     short = one["short_path"]
-    # 5 ledger writes of 2 units, 1 counters write, GSI: record 1 + start_run 2 + 3 status changes.
-    assert short["wru_per_job"] == 5 * 2 + 1 + 6 and short["gsi_wru_per_job"] == 6
+    # 5 ledger writes of 2 units, 1 counters write, index: record 1 + start_run 2 + final 1.
+    assert short["wru_per_job"] == 5 * 2 + 1 + 4 and short["gsi_wru_per_job"] == 4
     assert short["lambda_requests_usd"] == pytest.approx(0.20)
     # 99.2 ms bills as 100 ms (1 ms granularity) at 0.5 GB.
     assert short["lambda_gb_seconds_usd"] == pytest.approx(1e6 * 0.100 * 0.5 * 0.0000166667)
-    assert short["dynamodb_usd"] == pytest.approx(17 * 0.625 + 0.1 * 0.125)
+    assert short["dynamodb_usd"] == pytest.approx(15 * 0.625 + 0.1 * 0.125)
     assert one["long_path"]["step_functions_usd"] == pytest.approx(15 * 25.0)
 
     fixed = cost.fixed_monthly(idle={"window_s": 2.0, "duration_s": 1.5, "reads": 4, "writes": 0},

@@ -53,13 +53,24 @@ def read_ledger(client: Any, table: str) -> list[JobRecord]:
             attrs = from_item(raw)
             delivery = json.loads(attrs["delivery"])
             outcome = json.loads(attrs["outcome"]) if attrs.get("outcome") else None
+            status = LedgerStatus(attrs["status"])
             records.append(JobRecord(
                 ledger_id=str(delivery["ledger_id"]), job_id=str(delivery["job_id"]),
-                handler=str(delivery["handler"]), status=LedgerStatus(attrs["status"]),
+                handler=str(delivery["handler"]), status=status,
                 outcome=OutcomeKind(outcome["kind"]) if outcome else None,
                 created_at=delivery.get("created_at"), pulled_at=float(delivery["pulled_at"]),
-                reported_at=float(attrs["reported_at"]) if "reported_at" in attrs else None))
+                reported_at=_reported_at(attrs, status)))
     return records
+
+
+def _reported_at(attrs: dict[str, Any], status: LedgerStatus) -> float | None:
+    """When the result went in: ``reported_at``; where report and acknowledgement were
+    recorded in one write (the short path), that write's time, right after the ack call."""
+    if "reported_at" in attrs:
+        return float(attrs["reported_at"])
+    if status is LedgerStatus.ACKNOWLEDGED and "report" in attrs:
+        return float(attrs["updated_at"])
+    return None
 
 
 def percentile(values: list[float], p: float) -> float | None:
