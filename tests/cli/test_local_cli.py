@@ -181,7 +181,8 @@ def test_url_worker_settles_every_job_through_faults(protocol: str, extra: list[
     result = local("--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
                    "--handler-module", str(handler_file), "--handlers", "double", "--concurrency", "4",
                    # idle: longer than a few claim-queue back-offs (2 s after an empty or 429 claim)
-                   "--until-idle", "6", *extra, env=clean_env(TEST_KEY=SECRET))
+                   # and than the runner's back-off after failed ticks (at most 10 s)
+                   "--until-idle", "12", *extra, env=clean_env(TEST_KEY=SECRET))
 
     # then every job reached its final state on the server, and the run says so with exit 0
     out = result.stdout
