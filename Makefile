@@ -81,8 +81,8 @@ test: venv ## run every test tier in parallel (installs DynamoDB Local first whe
 	@if [ -f scripts/install-dynamodb-local.sh ]; then bash scripts/install-dynamodb-local.sh; fi
 	$(VENV)/bin/python -m pytest -n auto --durations=10 $(PYTEST_ARGS)
 
-# The main command: the demo, locally, on embedded defaults. The `local` subcommand lands
-# with the runtime; until then this target fails with "invalid choice: 'local'".
+# The main command: the demo, locally, on embedded defaults (built-in sandbox, embedded
+# DynamoDB and Step Functions), ending with a summary once idle.
 run: venv ## run the demo worker locally against the built-in sandboxes
 	$(VENV)/bin/serverless-worker local $(RUN_ARGS)
 
