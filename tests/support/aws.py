@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -225,10 +223,3 @@ def serialize_dynamodb(stack: ExitStack) -> None:
 
     stack.enter_context(mock.patch.object(DynamoHandler, "call_action", call_action))
 
-
-def getenv(name: str) -> str | None:
-    return os.environ.get(name)
-
-
-def path_of(*parts: str) -> Path:
-    return ROOT.joinpath(*parts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 import requests
 import stamina
+from pydantic import SecretStr
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
@@ -33,12 +35,25 @@ from ..errors import (
     ServerUnavailableError,
 )
 
-__all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "retry_call", "is_loopback_url"]
+__all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "retry_call", "is_loopback_url", "header_credential"]
 
 log = logging.getLogger("serverless_worker.http")
 T = TypeVar("T")
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+# Printable ASCII without spaces: anything else could be echoed by `requests` (or
+# `websockets`) in an "invalid header value" error, credential included.
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
+
+
+def header_credential(value: SecretStr | str, what: str) -> SecretStr:
+    """The credential as a SecretStr, refused with ConfigurationError when it cannot be a header value."""
+    secret = value if isinstance(value, SecretStr) else SecretStr(value)
+    if not _HEADER_SAFE.fullmatch(secret.get_secret_value()):
+        raise ConfigurationError(f"{what} is empty or contains whitespace/control characters")
+    return secret
 
 
 def is_loopback_url(url: str) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, TypeVar
@@ -41,7 +40,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, HttpTransport, RetryPolicy, retry_call
+from ._http import HttpResponse, HttpTransport, RetryPolicy, header_credential, retry_call
 from .base import Delivery, Lease, PullRequest, ReportReceipt, WorkerProtocol
 from .claimqueue_models import (
     ClaimAnswer,
@@ -69,9 +68,6 @@ _PATHS = {
     "work": "/{queue}/work",
 }
 
-# Printable ASCII without spaces: anything else could be echoed by `requests` or
-# `websockets` in an "invalid header value" error, token included.
-_TOKEN_SHAPE = re.compile(r"[\x21-\x7e]+")
 
 # errorCode of in-band error results when the outcome carries none.
 _DEFAULT_ERROR_CODES = {
@@ -135,10 +131,7 @@ class ClaimQueueClient(WorkerProtocol):
         allow_insecure_http: bool = False,
         pool_maxsize: int = 64,
     ) -> None:
-        secret = token if isinstance(token, SecretStr) else SecretStr(token)
-        if not _TOKEN_SHAPE.fullmatch(secret.get_secret_value()):
-            raise ConfigurationError(
-                "claim queue bearer token is empty or contains whitespace/control characters")
+        secret = header_credential(token, "claim queue bearer token")
         if transport not in ("http", "socket"):
             raise ConfigurationError(f"claim queue transport must be http or socket, got {transport!r}")
         self._token = secret

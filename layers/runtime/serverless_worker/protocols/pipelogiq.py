@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -45,7 +44,7 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, HttpTransport, RetryPolicy, retry_call
+from ._http import HttpResponse, HttpTransport, RetryPolicy, header_credential, retry_call
 from .base import (
     Delivery,
     Lease,
@@ -108,9 +107,6 @@ TERMINAL_ERROR_CODES = frozenset({"BUSINESS_REJECTED", "VALIDATION_ERROR"})
 # deadline, so the client must wait a little longer than it asked the server to.
 _LONG_POLL_MARGIN = 5.0
 
-# Printable ASCII without spaces: anything else could be echoed by `requests` in an
-# "invalid header value" error, key included.
-_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _OK = range(200, 300)
 
 
@@ -152,9 +148,7 @@ class PipelogiqClient(WorkerProtocol):
         allow_insecure_http: bool = False,
         pool_maxsize: int = 64,
     ) -> None:
-        secret = api_key if isinstance(api_key, SecretStr) else SecretStr(api_key)
-        if not _HEADER_SAFE.fullmatch(secret.get_secret_value()):
-            raise ConfigurationError("Pipelogiq API key is empty or contains whitespace/control characters")
+        secret = header_credential(api_key, "Pipelogiq API key")
         if session_ttl_seconds <= 0:
             raise ConfigurationError("session_ttl_seconds must be positive")
         self._api_key = secret

@@ -39,7 +39,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, HttpTransport, RetryPolicy, retry_call
+from ._http import HttpResponse, HttpTransport, RetryPolicy, header_credential, retry_call
 from .base import (
     Delivery,
     PullRequest,
@@ -85,9 +85,6 @@ _PATHS = {
     "workers.list": "/workers",
 }
 
-# Printable ASCII without spaces: anything else could be echoed by `requests` in an
-# "invalid header value" error, key included.
-_KEY_SHAPE = re.compile(r"[\x21-\x7e]+")
 _QUERY_KEY = re.compile(r"(api_key=)[^&\s\"']+", re.IGNORECASE)
 
 
@@ -141,9 +138,7 @@ class PriostackClient(WorkerProtocol):
         allow_insecure_http: bool = False,
         pool_maxsize: int = 64,
     ) -> None:
-        secret = api_key if isinstance(api_key, SecretStr) else SecretStr(api_key)
-        if not _KEY_SHAPE.fullmatch(secret.get_secret_value()):
-            raise ConfigurationError("Priostack API key is empty or contains whitespace/control characters")
+        secret = header_credential(api_key, "Priostack API key")
         if auth not in ("header", "bearer", "query"):
             raise ConfigurationError(f"Priostack auth must be header, bearer or query, got {auth!r}")
         self._api_key = secret
