@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -26,8 +25,8 @@ import boto3
 import pytest
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
-from moto.dynamodb.responses import DynamoHandler
 
+from serverless_worker.local.aws import serialize_dynamodb
 from serverless_worker.local.template import param_default, state_machine_definition
 
 from .dynamodb import create_state_table
@@ -206,20 +205,4 @@ class WorkerStack:
         if self.lambdas.background_errors:
             raise self.lambdas.background_errors[0]
 
-
-def serialize_dynamodb(stack: ExitStack) -> None:
-    """Make each moto DynamoDB request atomic, as DynamoDB makes each conditional write.
-
-    moto checks a ``ConditionExpression`` and then writes, with no lock in between, so two
-    executor threads could both pass the same condition (both claim one delivery, both
-    record one duplicate). Real DynamoDB never lets that happen; the runtime relies on it.
-    """
-    lock = threading.RLock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: DynamoHandler) -> Any:
-        with lock:
-            return original(self)
-
-    stack.enter_context(mock.patch.object(DynamoHandler, "call_action", call_action))
 
