@@ -6,24 +6,43 @@ The environment points at dummy loopback values and the API key comes from ``SW_
 so nothing touches the network (in AWS the key is read from Secrets Manager on the first
 call instead, one request more). Both sides are timed the same way, as the wall time of the
 whole process, interleaved round by round so a busy machine skews both alike; the medians
-are compared.
+are compared. Each process's CPU time (user + system) is recorded too: on a shared machine it
+moves less than wall time.
+
+Both sides run with compiled bytecode, as boto3 has it in site-packages: one unmeasured
+warm-up round writes every module's ``.pyc`` to a private cache (``PYTHONPYCACHEPREFIX``),
+so a ``PYTHONDONTWRITEBYTECODE`` environment or sources edited since the last run do not
+make our side compile its modules while boto3's side does not.
+
+AWS clients are built on first use, so the runtime built here has none yet. A separate,
+untimed run of each probe then also builds the DynamoDB client, which every function does
+on its first call (``first_client_s``): what the cold start no longer pays, but the first
+invocation does.
+
+Run alone: ``python -m benchmarks.coldstart [--rounds N] [--protocols ...]``; with
+``--instructions`` it counts CPU instructions under valgrind instead, which a shared machine's
+load does not move.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FUNCTIONS", "measure_coldstart"]
+__all__ = ["FUNCTIONS", "PROTOCOLS", "count_instructions", "measure_coldstart", "probe_environment"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS = ("scheduler", "executor", "steps", "drain")
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+PYCACHE = Path(tempfile.gettempdir()) / "serverless-worker-coldstart-pycache"
 
 _PROBE = """
 import importlib.util, json, sys, time
@@ -38,14 +57,23 @@ from serverless_worker.runtime.entry import services_from_environment
 services = services_from_environment()
 services.protocol
 t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "init_s": t2 - t1, "modules": len(sys.modules)}))
+out = {"import_s": t1 - t0, "init_s": t2 - t1, "modules": len(sys.modules)}
+if sys.argv[3:] == ["first-client"]:  # a separate, untimed run: what the first call adds
+    client = getattr(services.store, "_client", None)
+    getattr(client, "client", client)  # a LazyClient builds the real one here
+    out["first_client_s"] = time.perf_counter() - t2
+print(json.dumps(out))
 """
 _BASELINE = "import boto3"
 
 
-def _environment(protocol: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SW_", "AWS_", "POWERTOOLS_"))}
+def probe_environment(protocol: str) -> dict[str, str]:
+    """The probe's environment: dummy loopback settings, no network, a private bytecode cache."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SW_", "AWS_", "POWERTOOLS_", "PYDANTIC_"))
+           and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     env.update({
+        "PYTHONPYCACHEPREFIX": str(PYCACHE),
         "SW_PROTOCOL": protocol,
         "SW_BASE_URL": "http://127.0.0.1:9",
         "SW_API_KEY": "coldstart-dummy-key",
@@ -64,39 +92,105 @@ def _environment(protocol: str) -> dict[str, str]:
     return env
 
 
-def _timed(args: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
+    """Wall time, CPU time (user + system) and the probe's own JSON line of one process."""
+    before = os.times()
     started = time.perf_counter()
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
     wall = time.perf_counter() - started
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     if done.returncode != 0:
         raise RuntimeError(f"cold-start probe failed: {done.stderr.strip()[-1500:]}")
     lines = done.stdout.strip().splitlines()
-    return wall, (json.loads(lines[-1]) if lines else {})
+    return wall, cpu, (json.loads(lines[-1]) if lines else {})
 
 
 def measure_coldstart(rounds: int, cases: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """``cases``: (function, protocol) pairs; each one's median next to boto3's."""
     cases = cases or [(fn, "pipelogiq") for fn in FUNCTIONS]
     functions_dir = str(ROOT / "functions")
-    baseline: list[float] = []
-    walls: dict[str, list[float]] = {f"{fn}/{p}": [] for fn, p in cases}
-    inner: dict[str, list[dict[str, Any]]] = {key: [] for key in walls}
-    env0 = _environment("pipelogiq")
-    for _ in range(rounds):
-        baseline.append(_timed([sys.executable, "-c", _BASELINE], env0)[0])
+    baseline: list[tuple[float, float]] = []
+    runs: dict[str, list[tuple[float, float, dict[str, Any]]]] = {f"{fn}/{p}": [] for fn, p in cases}
+    env0 = probe_environment("pipelogiq")
+    for round_ in range(rounds + 1):  # round 0 warms the bytecode cache and is not counted
+        wall, cpu, _ = _timed([sys.executable, "-c", _BASELINE], env0)
+        if round_:
+            baseline.append((wall, cpu))
         for fn, protocol in cases:
-            wall, detail = _timed([sys.executable, "-c", _PROBE, functions_dir, fn], _environment(protocol))
-            walls[f"{fn}/{protocol}"].append(wall)
-            inner[f"{fn}/{protocol}"].append(detail)
-    boto3 = statistics.median(baseline)
+            args = [sys.executable, "-c", _PROBE, functions_dir, fn]
+            run = _timed(args, probe_environment(protocol))
+            if round_:
+                first = _timed([*args, "first-client"], probe_environment(protocol))[2]
+                runs[f"{fn}/{protocol}"].append((run[0], run[1], {**run[2], "first_client_s": first["first_client_s"]}))
+    boto3 = statistics.median(w for w, _ in baseline)
+    boto3_cpu = statistics.median(c for _, c in baseline)
     results = {}
-    for key, values in walls.items():
-        median = statistics.median(values)
+    for key, values in runs.items():
+        median = statistics.median(w for w, _, _ in values)
+        cpu = statistics.median(c for _, c, _ in values)
         results[key] = {
             "median_s": median,
             "ratio_to_boto3": median / boto3,
-            "import_s": statistics.median(d["import_s"] for d in inner[key]),
-            "init_s": statistics.median(d["init_s"] for d in inner[key]),
-            "modules": inner[key][-1].get("modules"),
+            "cpu_s": cpu,
+            "cpu_ratio_to_boto3": cpu / boto3_cpu if boto3_cpu else None,
+            "import_s": statistics.median(d["import_s"] for _, _, d in values),
+            "init_s": statistics.median(d["init_s"] for _, _, d in values),
+            "first_client_s": statistics.median(d.get("first_client_s", 0.0) for _, _, d in values),
+            "modules": values[-1][2].get("modules"),
         }
-    return {"rounds": rounds, "boto3_import_median_s": boto3, "functions": results}
+    return {"rounds": rounds, "boto3_import_median_s": boto3, "boto3_cpu_median_s": boto3_cpu,
+            "load_average": "/".join(f"{x:.1f}" for x in os.getloadavg()), "functions": results}
+
+
+def count_instructions(cases: list[tuple[str, str]]) -> dict[str, Any]:
+    """CPU instructions (valgrind's callgrind ``Ir``) of ``import boto3`` and of each probe, once
+    each: slow (a minute a case) but the same on a busy machine, where wall times are not."""
+    import re
+
+    def instructions(args: list[str], env: dict[str, str]) -> int:
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *args],
+                              env={**env, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=False)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or not found:
+            raise RuntimeError(f"callgrind failed: {done.stderr.strip()[-1500:]}")
+        return int(found.group(1))
+
+    functions_dir = str(ROOT / "functions")
+    for fn, protocol in cases:  # compile every module's bytecode first, as measure_coldstart does
+        _timed([sys.executable, "-c", _PROBE, functions_dir, fn], probe_environment(protocol))
+    boto3 = instructions([sys.executable, "-c", _BASELINE], probe_environment("pipelogiq"))
+    counts = {f"{fn}/{p}": instructions([sys.executable, "-c", _PROBE, functions_dir, fn], probe_environment(p))
+              for fn, p in cases}
+    return {"boto3_instructions": boto3,
+            "functions": {key: {"instructions": n, "ratio_to_boto3": n / boto3} for key, n in counts.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.coldstart", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--functions", nargs="+", choices=FUNCTIONS, default=list(FUNCTIONS))
+    parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=["pipelogiq"])
+    parser.add_argument("--instructions", action="store_true",
+                        help="count CPU instructions under valgrind instead of timing (one run per case)")
+    args = parser.parse_args(argv)
+    if args.instructions:
+        counted = count_instructions([(fn, p) for fn in args.functions for p in args.protocols])
+        print(f"python -c 'import boto3': {counted['boto3_instructions'] / 1e6:.0f} M instructions")
+        for key, f in counted["functions"].items():
+            print(f"{key:24} {f['instructions'] / 1e6:6.0f} M  {f['ratio_to_boto3']:.2f}")
+        return 0
+    result = measure_coldstart(args.rounds, [(fn, p) for fn in args.functions for p in args.protocols])
+    print(f"{args.rounds} rounds, load average {result['load_average']}; python -c 'import boto3': "
+          f"{result['boto3_import_median_s']:.3f} s wall, {result['boto3_cpu_median_s']:.3f} s CPU")
+    print(f"{'function/protocol':24} {'wall s':>7} {'ratio':>6} {'CPU s':>6} {'ratio':>6} {'import':>7} "
+          f"{'build':>6} {'1st client':>10} {'modules':>7}")
+    for key, f in result["functions"].items():
+        print(f"{key:24} {f['median_s']:7.3f} {f['ratio_to_boto3']:6.2f} {f['cpu_s']:6.3f} "
+              f"{f['cpu_ratio_to_boto3'] or 0:6.2f} {f['import_s']:7.3f} {f['init_s']:6.3f} "
+              f"{f['first_client_s']:10.3f} {f['modules']:7}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,11 @@
 """Scheduler Lambda: one tick per scheduled event (session, heartbeats, pull, record, dispatch, reap)."""
 
+import os
+
+# No scan of installed packages for pydantic plugins on a cold start; a function that uses
+# a plugin sets PYDANTIC_DISABLE_PLUGINS itself (to "" for all of them).
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 from aws_lambda_powertools import Logger
 
 from serverless_worker.runtime.entry import scheduler_tick

@@ -1,6 +1,12 @@
 """State-machine steps Lambda: acquire, run_slice, renew, start/finish_callback, report, ack,
 give_back, continue_as_new, chosen by the event's "step"."""
 
+import os
+
+# No scan of installed packages for pydantic plugins on a cold start; a function that uses
+# a plugin sets PYDANTIC_DISABLE_PLUGINS itself (to "" for all of them).
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 from aws_lambda_powertools import Logger
 
 from serverless_worker.runtime.entry import state_machine_step

@@ -14,7 +14,7 @@ import pytest
 from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
 
-from serverless_worker.config import LOCAL_API_KEY, Settings, load_settings
+from serverless_worker.config import LOCAL_API_KEY, Settings, environment_values, load_settings
 from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError
 
@@ -82,6 +82,26 @@ def test_environment_values_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.criteria == {"resize": {"format": "jpg", "width": {"lte": 2000}}}
     assert (s.batch_size, s.executor_reserved_concurrency, s.log_level) == (25, 40, "WARNING")
     assert (s.table_name, s.state_machine_arn) == ("worker-table", None)
+
+
+def test_variable_names_match_in_any_case_and_other_sw_variables_are_ignored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("sw_base_url", HTTPS)
+    monkeypatch.setenv("Sw_Batch_Size", "8")
+    monkeypatch.setenv("SW_NOT_A_SETTING", "1")   # a typo in the environment is not an error...
+    monkeypatch.setenv("SW_MAX_IN_FLIGHT", "")     # ...and an empty variable is unset
+
+    s = load_settings()
+
+    assert (s.base_url, s.batch_size, s.max_in_flight) == (HTTPS, 8, 50)
+    assert "SW_BATCHSIZE: unknown setting" in problems(base_url=HTTPS, batchsize=8)  # ...a typo in code is
+
+
+def test_environment_values_are_the_settings_variables_as_text() -> None:
+    environ = {"SW_BATCH_SIZE": "25", "sw_handlers": "a,b", "SW_TABLE_NAME": "", "SW_BOGUS": "x",
+               "BATCH_SIZE": "3", "PATH": "/bin"}
+
+    assert environment_values(environ) == {"batch_size": "25", "handlers": "a,b"}
 
 
 def test_handlers_may_be_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,9 @@ A bad configuration fails once, with one :class:`ConfigurationError` listing eve
 setting by its environment variable name (``SW_BATCH_SIZE: ...``), never echoing a
 value (an API key or a URL with credentials could be one). Importing this module is
 cheap: boto3 and Powertools are imported only where credentials are read
-(``credentials.py``).
+(``credentials.py``), and the variables are read by :func:`environment_values` with plain
+pydantic rather than pydantic-settings, whose import alone cost a Lambda cold start about
+as much as all the other settings code together.
 
 Example::
 
@@ -17,11 +19,11 @@ import ipaddress
 import json
 import logging
 import os
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigurationError
 from .handlers import HANDLER_NAME_RE
@@ -32,6 +34,7 @@ __all__ = [
     "LOCAL_PORTS",
     "Protocol",
     "Settings",
+    "environment_values",
     "format_settings_error",
     "load_settings",
 ]
@@ -58,15 +61,32 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class Settings(BaseSettings):
+def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``SW_<NAME>`` variables that name a setting, by field name, as the text they hold.
+
+    Names match case-insensitively; empty variables count as unset; other ``SW_`` variables
+    are ignored (the pydantic-settings rules this replaces). Values stay text: the model's
+    validators parse them, and a structured setting parses its own text in a ``before``
+    validator (``handlers``, ``criteria``).
+    """
+    prefix = ENV_PREFIX.lower()
+    found: dict[str, str] = {}
+    for name, value in (os.environ if environ is None else environ).items():
+        key = name.lower()
+        if value and key.startswith(prefix) and key[len(prefix):] in Settings.model_fields:
+            found[key[len(prefix):]] = value
+    return found
+
+
+class Settings(BaseModel):
     """The worker's settings; each field is ``SW_<NAME>`` in the environment.
 
     ``handlers`` reads as ``a,b`` or a JSON list; ``criteria`` as a JSON object mapping
-    a handler name to its claim-queue criteria. Empty variables count as unset.
+    a handler name to its claim-queue criteria. Empty variables count as unset. Keyword
+    arguments win over the environment.
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True,
-                                      validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     protocol: Protocol = Field(
         "pipelogiq", description="Worker protocol of the job server: pipelogiq, priostack or claimqueue.")
@@ -80,13 +100,13 @@ class Settings(BaseSettings):
         None, description="Secrets Manager secret holding the API key (the bare key or JSON with api_key).")
     api_key_parameter: str | None = Field(
         None, description="SSM SecureString parameter holding the API key (instead of a secret).")
-    handlers: Annotated[list[str], NoDecode] = Field(
+    handlers: list[str] = Field(
         default_factory=list, description="Handler names to pull for (a,b or a JSON list); empty means "
                                           "every registered handler.")
     handler_module: str = Field(
         "functions.handlers", description="Module, package directory or .py file that registers the "
                                           "@handler functions.")
-    criteria: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(
+    criteria: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description='Claim-queue criteria per handler as JSON, '
                                           '{"resize": {"format": "jpg"}}; overrides @handler(criteria=...).')
     instance_id: str = Field("serverless-worker", min_length=1, max_length=128,
@@ -99,6 +119,18 @@ class Settings(BaseSettings):
                                        description="How long one scheduler tick keeps pulling and "
                                                    "heartbeating; below the schedule period.")
     schedule_seconds: int = Field(60, ge=1, description="Period of the scheduler schedule, in seconds.")
+    liveness: Literal["full-window", "continuous", "while-work"] = Field(
+        "full-window", description="What a tick without work does: full-window pulls and heartbeats for the "
+                                   "whole poll window; continuous stays only as long as heartbeats must to "
+                                   "keep the worker online between ticks (Pipelogiq; one round of pulls "
+                                   "elsewhere); while-work makes one round of pulls. Every mode keeps "
+                                   "pulling while pulls return work. The stack defaults to continuous.")
+    poll_backoff_seconds: float = Field(
+        0.2, gt=0, description="Wait after the first empty pull without a long poll (Priostack, claim "
+                               "queue); doubled, with jitter, per empty pull in a row.")
+    poll_backoff_max_seconds: float | None = Field(
+        None, gt=0, description="Longest wait between empty pulls; unset uses the protocol document's "
+                                "(Priostack 5 s, claim queue 2 s).")
     lease_renew_seconds: float = Field(30, gt=0, description="Lease renewal interval while a job runs; "
                                                             "also the long-running path's renew loop.")
     wait_seconds_long_poll: float = Field(20, ge=0, le=20,   # Pipelogiq accepts 0-20
@@ -119,6 +151,9 @@ class Settings(BaseSettings):
                                 "Locally: the executor thread pool's size.")
     report_margin_seconds: float = Field(  # kept free to store and report the outcome
         10, ge=0, description="Time kept free after the handler to store and report its outcome.")
+    counters_flush_seconds: float = Field(
+        30, ge=0, description="Write the worker's counters (processed, failed, ...) at most this often "
+                              "per container, not once per job; 0 writes every count at once.")
     allow_insecure_http: bool = Field(False, description="Allow plain http:// to a non-loopback job server.")
     log_level: str = Field("INFO", description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
     connect_timeout: float = Field(3.05, gt=0, description="HTTP connect timeout, seconds.")
@@ -136,12 +171,10 @@ class Settings(BaseSettings):
 
     def __init__(self, **values: Any) -> None:
         try:
-            super().__init__(**values)
+            super().__init__(**{**environment_values(), **values})
         except ValidationError as err:
             # ``from None``: the chained ValidationError would print input values.
             raise ConfigurationError(format_settings_error(err)) from None
-        except SettingsError as err:
-            raise ConfigurationError(f"invalid settings: {err}") from None
 
     @classmethod
     def local_defaults(cls, **overrides: Any) -> Settings:

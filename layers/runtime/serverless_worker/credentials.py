@@ -3,7 +3,9 @@
 Powertools Parameters does the reading and caches each value for five minutes, so
 every Lambda invocation does not call AWS. ``refresh=True`` bypasses the cache: the
 runtime asks for it once when the job server rejects the key (it may have been
-rotated). Powertools (and with it boto3) is imported only here, only when needed.
+rotated). Powertools (and with it boto3) is imported only here, only when needed, and
+its provider gets the runtime's shared boto3 session (``awsclients``): on a session of
+its own it would load botocore's data a second time in a cold container.
 
 A secret may hold the bare key or a JSON object with an ``api_key`` (or ``apiKey``)
 field, the shape the Secrets Manager console produces for key/value secrets.
@@ -34,29 +36,43 @@ def resolve_api_key(settings: Settings, *, refresh: bool = False) -> SecretStr:
         return settings.api_key
     if settings.api_key_secret_arn:
         source = f"Secrets Manager secret {settings.api_key_secret_arn}"
-        raw = _read(source, lambda p: p.get_secret(settings.api_key_secret_arn, max_age=CACHE_SECONDS,
-                                                     force_fetch=refresh))
+        raw = _read(source, "secrets", lambda p: p.get_secret(settings.api_key_secret_arn, max_age=CACHE_SECONDS,
+                                                                 force_fetch=refresh))
     elif settings.api_key_parameter:
         source = f"SSM parameter {settings.api_key_parameter}"
-        raw = _read(source, lambda p: p.get_parameter(settings.api_key_parameter, decrypt=True,
-                                                        max_age=CACHE_SECONDS, force_fetch=refresh))
+        raw = _read(source, "ssm", lambda p: p.get_parameter(settings.api_key_parameter, decrypt=True,
+                                                               max_age=CACHE_SECONDS, force_fetch=refresh))
     else:
         raise ConfigurationError("no API key configured: set SW_API_KEY (local use), "
                                  "SW_API_KEY_SECRET_ARN or SW_API_KEY_PARAMETER")
     return SecretStr(_extract(raw, source))
 
 
-def _read(source: str, fetch: Any) -> Any:
+def _read(source: str, kind: str, fetch: Any) -> Any:
     from aws_lambda_powertools.utilities import parameters
 
     from . import logsafety  # noqa: F401  (botocore must not log the secret's value)
 
     try:
+        _share_session(parameters, kind)
         return fetch(parameters)
     except Exception as err:
         # Powertools wraps AWS errors (not found, access denied); they carry names, not values.
         raise ConfigurationError(f"could not read the API key from {source}: {type(err).__name__}: {err}") \
             from err
+
+
+def _share_session(parameters: Any, kind: str) -> None:
+    """Register Powertools' default ``kind`` provider ("secrets" or "ssm") on the shared
+    session, unless one exists. ``parameters.clear_caches()`` still drops it, as it would
+    drop the provider Powertools builds."""
+    from aws_lambda_powertools.utilities.parameters.constants import DEFAULT_PROVIDERS
+
+    from .awsclients import shared_session
+
+    if kind not in DEFAULT_PROVIDERS:
+        provider = parameters.SecretsProvider if kind == "secrets" else parameters.SSMProvider
+        DEFAULT_PROVIDERS[kind] = provider(boto3_session=shared_session())
 
 
 def _extract(raw: Any, source: str) -> str:

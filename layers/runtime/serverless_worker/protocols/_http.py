@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import requests
-import stamina
 from pydantic import SecretStr
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
@@ -118,6 +117,8 @@ def retry_call(fn: Callable[[int], T], policy: RetryPolicy) -> T:
 
     The attempt number lets a caller read a 404 on a *retry* as "already applied".
     """
+    import stamina  # here, not at import: stamina and tenacity (asyncio) stay out of a cold start
+
     number = 0
     for attempt in stamina.retry_context(
         on=_retry_hook,

@@ -52,7 +52,8 @@ ItemId = Annotated[str, BeforeValidator(_id_string)]
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Validators are built on first use: a function uses only some endpoints' models.
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class ClaimRequest(_Wire):

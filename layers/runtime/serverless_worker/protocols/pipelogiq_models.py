@@ -71,15 +71,16 @@ def _id_to_str(value: Any) -> Any:
 
 
 class _Answer(BaseModel):
-    """A server answer: unknown fields are ignored."""
+    """A server answer: unknown fields are ignored. Like every wire model, its validator is
+    built on first use (``defer_build``): a function uses only some endpoints' models."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class _Body(BaseModel):
     """A request body: exact names only, ``None`` fields left out."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

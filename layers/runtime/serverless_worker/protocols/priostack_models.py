@@ -38,7 +38,8 @@ def _str_or_none(value: Any) -> str | None:
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Validators are built on first use: a function uses only some endpoints' models.
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class PriostackJob(_Wire):

@@ -14,11 +14,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..awsclients import aws_setup_error, check_region
 from ..errors import ConfigurationError, ServerlessWorkerError
 from .context import LambdaContextLike
-from .services import Services
+
+if TYPE_CHECKING:
+    from .services import Services
 
 __all__ = ["aws_setup_error", "drain_worker", "execute_delivery", "reset_services", "scheduler_tick",
            "services_from_environment", "state_machine_step"]
@@ -28,16 +31,22 @@ log = logging.getLogger("serverless_worker.entry")
 
 @functools.cache
 def services_from_environment() -> Services:
-    """Settings, handlers, state store and dispatcher, built once per container."""
+    """Settings, handlers, state store and dispatcher, built once per container.
+
+    No AWS client is built here: each one is built on its first call (``awsclients``), so
+    a function pays only for the clients it uses.
+    """
     from ..config import load_settings
     from ..handlers import default_registry, load_handlers
     from ..state import StateStore
     from .dispatch import AwsDispatcher
+    from .services import Services
 
     settings = load_settings()
     if settings.handler_module:
         load_handlers(settings.handler_module)
-    store = StateStore(settings.table_name)
+    check_region()
+    store = StateStore(settings.table_name or "")  # an unset name is refused there, clearly
     dispatcher = AwsDispatcher(executor_function=settings.executor_function_name,
                                state_machine_arn=settings.state_machine_arn)
     return Services(settings=settings, store=store, registry=default_registry, dispatcher=dispatcher)
@@ -64,44 +73,6 @@ def _metrics() -> Any:
 
 Entry = Callable[[dict[str, Any], LambdaContextLike], dict[str, Any]]
 
-# AWS error codes that mean "the stack or the account is set up wrong", not "try again".
-_MISSING = frozenset({"ResourceNotFoundException", "StateMachineDoesNotExist", "QueueDoesNotExist",
-                      "AWS.SimpleQueueService.NonExistentQueue", "ParameterNotFound"})
-_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "UnrecognizedClientException",
-                     "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException",
-                     "InvalidSignatureException", "SignatureDoesNotMatch", "AuthFailure",
-                     "MissingAuthenticationToken"})
-
-
-def aws_setup_error(err: BaseException) -> ConfigurationError | None:
-    """The ConfigurationError for a botocore error that means AWS is set up wrong, else None."""
-    from botocore import exceptions as bc
-
-    if isinstance(err, bc.NoRegionError):
-        return ConfigurationError("no AWS region configured: set AWS_DEFAULT_REGION or a profile's region")
-    if isinstance(err, bc.NoCredentialsError | bc.PartialCredentialsError | bc.CredentialRetrievalError
-                  | bc.ProfileNotFound):
-        return ConfigurationError(f"no usable AWS credentials ({type(err).__name__}: {err}); configure "
-                                  "AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or use a role")
-    if isinstance(err, bc.EndpointConnectionError | bc.ConnectTimeoutError):
-        url = getattr(err, "kwargs", {}).get("endpoint_url", "")
-        name = type(err).__name__
-        return ConfigurationError(f"cannot reach the AWS endpoint {url or '(unknown)'} ({name}); "
-                                  "check the network, AWS_DEFAULT_REGION and AWS_ENDPOINT_URL")
-    if isinstance(err, bc.ClientError):
-        error = err.response.get("Error", {})
-        code, message = str(error.get("Code", "")), str(error.get("Message", ""))
-        operation = getattr(err, "operation_name", "") or "the call"
-        if code in _MISSING:
-            return ConfigurationError(
-                f"AWS resource not found ({code} on {operation}: {message}); check SW_TABLE_NAME, "
-                "SW_EXECUTOR_FUNCTION_NAME and SW_STATE_MACHINE_ARN, or deploy the stack")
-        if code in _DENIED:
-            return ConfigurationError(f"AWS refused the credentials or permissions ({code} on {operation}: "
-                                      f"{message})")
-    return None
-
-
 def _clear_errors(entry: Entry) -> Entry:
     """Let the project's errors through; turn AWS setup errors into one ConfigurationError."""
 
@@ -124,7 +95,6 @@ def _clear_errors(entry: Entry) -> Entry:
 def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     report = _scheduler().tick(context, window=event.get("poll_window_seconds") if event else None)
     m = _metrics()
-    m.add("SchedulerTicks", 1)
     m.add("DeliveriesPulled", report.pulled)
     m.add("DeliveriesDispatched", report.dispatched)
     m.add("DuplicatesDiscarded", report.duplicates)
