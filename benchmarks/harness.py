@@ -8,6 +8,7 @@ server is elsewhere: its CPU never competes with the worker under test for the G
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -23,7 +24,9 @@ __all__ = [
     "PROTOCOLS",
     "SANDBOX_CONFIG",
     "CallCounter",
+    "EmbeddedDynamoCpu",
     "HandlerClock",
+    "MotoProcess",
     "SandboxProcess",
     "counter_delta",
     "minimum_calls",
@@ -152,6 +155,124 @@ class SandboxProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# The DynamoDB a benchmark's runtime talks to: moto's server in its own process, with the
+# patches the local runner applies to its embedded one (requests atomic, as DynamoDB makes
+# each conditional write; no per-request directory listing; queries without a full sort).
+_MOTO = """
+import logging, sys
+from contextlib import ExitStack
+from moto.server import ThreadedMotoServer
+from serverless_worker.local import aws
+for name in ("werkzeug", "moto"):
+    logging.getLogger(name).setLevel(logging.CRITICAL)
+patches = ExitStack()
+aws._cache_module_list(patches)
+aws._unsorted_scan_in_queries(patches)
+aws.serialize_dynamodb(patches)
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+print(f"url=http://{host}:{port}", flush=True)
+sys.stdin.read()  # serve until the parent closes our stdin (or goes away)
+"""
+
+
+class MotoProcess:
+    """moto's server in a child process: DynamoDB over loopback HTTP, its CPU apart from the
+    runtime's, as DynamoDB is remote from a Lambda function. ``dynamodb`` is a client for it
+    (the one attribute :class:`~benchmarks.rig.RuntimeRig` needs of an ``EmbeddedAws``)."""
+
+    def __init__(self, *, pool_size: int = 64) -> None:
+        import subprocess
+
+        import boto3
+        from botocore.config import Config
+
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process; close() closes it
+        self._proc = subprocess.Popen([sys.executable, "-c", _MOTO], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        assert self._proc.stdout is not None
+        banner = self._proc.stdout.readline()
+        if not banner.startswith("url="):
+            self.close()
+            self._stderr.seek(0)
+            raise RuntimeError(f"moto server did not start: {banner!r} "
+                               f"{self._stderr.read().decode(errors='replace')[-2000:]}")
+        self.endpoint = banner.strip()[4:]
+        session = boto3.session.Session(aws_access_key_id="local", aws_secret_access_key="local",
+                                        region_name="us-east-1")
+        # As the state store's own client in Lambda (state/store.py): no client-side validation.
+        config = Config(max_pool_connections=pool_size, connect_timeout=3, read_timeout=30,
+                        retries={"mode": "standard", "max_attempts": 3}, parameter_validation=False)
+        self.dynamodb = session.client("dynamodb", endpoint_url=self.endpoint, config=config)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the server process has used so far (user + system); ``None`` off Linux."""
+        try:
+            with open(f"/proc/{self._proc.pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(10)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait(5)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._stderr.close()
+
+    def __enter__(self) -> MotoProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EmbeddedDynamoCpu:
+    """CPU seconds the embedded moto (``EmbeddedAws``, called in-process) spends answering
+    DynamoDB requests, summed over the threads that call it: the part of this process's
+    CPU that DynamoDB, remote in AWS, would not cost the runtime. Counting starts on enter."""
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._lock = threading.Lock()
+        self._patch: Any = None
+
+    def cpu_seconds(self) -> float:
+        with self._lock:
+            return self._seconds
+
+    def __enter__(self) -> EmbeddedDynamoCpu:
+        from unittest import mock
+
+        from moto.dynamodb.responses import DynamoHandler
+
+        original = DynamoHandler.dispatch
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - started
+                with self._lock:
+                    self._seconds += spent
+
+        self._patch = mock.patch.object(DynamoHandler, "dispatch", dispatch)
+        self._patch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._patch.stop()
 
 
 @dataclass

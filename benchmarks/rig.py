@@ -3,9 +3,11 @@ the real scheduler ticking back to back, the real executor in a bounded thread p
 Lambda-like contexts (``LocalDispatcher``), a full tick waking as soon as an executor
 finishes, and the state table in moto's DynamoDB server (``EmbeddedAws``).
 
-The runner itself is not driven: its status line reads the counters item four times a
-second and its drain and summary follow the last job, which would add DynamoDB reads and
-time that are the console's, not the runtime's.
+The runner itself is not driven: its drain and summary follow the last job, which would
+add DynamoDB requests and time that are the console's, not the runtime's.
+
+The DynamoDB given (``aws.dynamodb``) is the embedded moto of ``EmbeddedAws`` or moto's
+server in its own process (``harness.MotoProcess``): the rig only needs its client.
 
 Nothing here changes what the runtime does; it only counts (state-store operations,
 executor durations, reported jobs) and can end a running tick early (``BenchClock``), so

@@ -5,17 +5,24 @@ jobs, concurrency and batch size.
 The clock runs from the first call (the first tick; the minimal worker's bootstrap) to the
 moment the last job is settled (acknowledged / completed / result accepted). The jobs are
 all seeded before it starts, so both drain the same backlog.
+
+Beside the wall clock, CPU time per job: the runtime's (this process's, less what the
+embedded moto spent in it, since DynamoDB is remote from Lambda), DynamoDB's (the
+embedded moto's share, or the server process's with ``harness.MotoProcess``) and the
+minimal worker's (the sandbox runs in its own process). The CPU figures say what bounds
+the throughput on the machine at hand, busy or not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .harness import HandlerClock, SandboxProcess, counter_delta, minimum_calls, percentile
+from .harness import EmbeddedDynamoCpu, HandlerClock, SandboxProcess, counter_delta, minimum_calls, percentile
 from .minimal_worker import MinimalWorker
 from .rig import RuntimeRig
 
@@ -41,6 +48,7 @@ class ThroughputResult:
     dynamodb: dict[str, Any] = field(default_factory=dict)
     executor_ms: dict[str, float | None] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
+    cpu_ms_per_job: dict[str, float | None] = field(default_factory=dict)  # runtime, dynamodb, minimal
     runtime_done: int = 0
     minimal_done: int = 0
     errors: list[str] = field(default_factory=list)
@@ -97,7 +105,8 @@ def _inputs(count: int) -> list[dict[str, Any]]:
 
 
 def run_minimal(protocol: str, jobs: int, concurrency: int, batch_size: int,
-                timeout: float) -> tuple[float | None, dict[str, float], int, list[str]]:
+                timeout: float) -> tuple[float | None, dict[str, float], int, list[str], float]:
+    """Jobs/s, calls per job, jobs done, errors and CPU ms per job of the minimal worker."""
     with SandboxProcess(protocol) as sandbox:
         sandbox.seed(_inputs(jobs))
         clock = HandlerClock()
@@ -105,11 +114,14 @@ def run_minimal(protocol: str, jobs: int, concurrency: int, batch_size: int,
         worker = MinimalWorker(protocol, sandbox.url, sandbox.credential, concurrency=concurrency,
                                batch_size=batch_size, note=clock.note)
         try:
+            cpu = time.process_time()
             took = worker.run(jobs, timeout)
+            cpu = time.process_time() - cpu
             calls = counter_delta(sandbox.calls(), before)
         finally:
             worker.close()
-        return (jobs / took if took else None), per_job(calls, jobs), worker.done, worker.errors[:5]
+        return ((jobs / took if took else None), per_job(calls, jobs), worker.done, worker.errors[:5],
+                1000 * cpu / jobs)
 
 
 def run_runtime(aws: Any, protocol: str, jobs: int, concurrency: int, batch_size: int, max_in_flight: int,
@@ -118,12 +130,22 @@ def run_runtime(aws: Any, protocol: str, jobs: int, concurrency: int, batch_size
     clock = HandlerClock()
     rig = RuntimeRig(aws, sandbox, registry=clock.registry(), concurrency=concurrency, batch_size=batch_size,
                      max_in_flight=max_in_flight, poll_window=poll_window)
+    # DynamoDB's CPU: the server process's (MotoProcess), or the embedded moto's share of ours.
+    embedded = None if callable(getattr(aws, "cpu_seconds", None)) else EmbeddedDynamoCpu()
+    dynamodb = embedded or aws
     try:
         sandbox.seed(_inputs(jobs))
         before = sandbox.calls()
-        started = time.perf_counter()
-        rig.start()
-        finished = rig.wait_reported(jobs, timeout)
+        with embedded or contextlib.nullcontext():
+            server_cpu = dynamodb.cpu_seconds()
+            cpu = time.process_time()
+            started = time.perf_counter()
+            rig.start()
+            finished = rig.wait_reported(jobs, timeout)
+            cpu = time.process_time() - cpu
+            server_cpu = dynamodb.cpu_seconds() - server_cpu if server_cpu is not None else None
+        if server_cpu is not None and embedded is not None:
+            cpu -= server_cpu  # in AWS the runtime's process does not run DynamoDB
         took = (finished - started) if finished is not None else None
         calls = counter_delta(sandbox.calls(), before)
         ops = dict(rig.store.ops)
@@ -141,6 +163,8 @@ def run_runtime(aws: Any, protocol: str, jobs: int, concurrency: int, batch_size
             "item_bytes": item_bytes,
             "executor_ms": _ms(durations),
             "actions": dict(rig.actions),
+            "cpu_ms_per_job": {"runtime": 1000 * cpu / jobs,
+                               "dynamodb": 1000 * server_cpu / jobs if server_cpu is not None else None},
             "scheduler": {"ticks": len(ticks), "pulls": sum(t.pulls for t in ticks),
                           "full_waits": sum(t.full_waits for t in ticks),
                           "errors": (rig.errors + [e for t in ticks for e in t.errors])[:5]},
@@ -187,7 +211,7 @@ def measure_throughput(aws: Any, protocol: str, *, jobs: int, concurrency: int, 
                        max_in_flight: int, poll_window: float, timeout: float) -> ThroughputResult:
     result = ThroughputResult(protocol=protocol, jobs=jobs, concurrency=concurrency, batch_size=batch_size,
                               minimum_calls=minimum_calls(protocol, batch_size, jobs))
-    rate, calls, done, errors = run_minimal(protocol, jobs, concurrency, batch_size, timeout)
+    rate, calls, done, errors, minimal_cpu = run_minimal(protocol, jobs, concurrency, batch_size, timeout)
     result.minimal_jobs_per_s, result.minimal_calls, result.minimal_done = rate, calls, done
     result.errors += [f"minimal {e}" for e in errors]
     runtime = run_runtime(aws, protocol, jobs, concurrency, batch_size, max_in_flight, poll_window, timeout)
@@ -195,6 +219,7 @@ def measure_throughput(aws: Any, protocol: str, *, jobs: int, concurrency: int, 
     result.runtime_done = runtime["done"]
     result.dynamodb = dynamodb_per_job(runtime["ops"], runtime["operations"], jobs, runtime["item_bytes"])
     result.executor_ms = runtime["executor_ms"]
+    result.cpu_ms_per_job = {**runtime["cpu_ms_per_job"], "minimal": minimal_cpu}
     result.scheduler = {**runtime["scheduler"], "executor_actions": runtime["actions"]}
     result.errors += [f"runtime {e}" for e in runtime["scheduler"]["errors"]]
     return result

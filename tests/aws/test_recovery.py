@@ -165,6 +165,37 @@ def test_executor_rereports_a_stored_outcome_without_rerunning(worker_env: Any, 
     assert _statuses(env) == {LedgerStatus.ACKNOWLEDGED: 2} and in_flight(env) == 0
 
 
+def test_a_job_the_server_forgot_is_recorded_again_and_gets_its_stored_outcome(worker_env: Any,
+                                                                                 recorder: Any) -> None:
+    """Priostack restarts while our handlers run: the restart puts the active jobs back, so
+    our ``complete`` answers 404 (the job is not activated). The job is re-activated later
+    under the same key and retries: the ledger must record it again (not drop it as a
+    duplicate, which would leave it active for good) and report the stored outcome without
+    running the handler a second time."""
+    env = worker_env("priostack", handlers=["e2e.slow"], handler_module=HANDLERS_PATH)
+    env.seed("e2e.slow", [{"sleep": 1.5, "n": i} for i in range(2)])
+    # A tick short enough to end before the handlers do: no pull races the restart below.
+    assert env.tick(0.3)["dispatched"] == 2
+    assert recorder.wait_active(2, 10)
+    restart = requests.post(f"{env.server.url}/_admin/restart", timeout=5)
+    restart.raise_for_status()
+    assert len(restart.json()["requeued"]) == 2, restart.json()
+    env.stack.wait_idle(10)
+    forgotten = ledger(env)
+    assert {item.status for item in forgotten} == {LedgerStatus.ACKNOWLEDGED}
+    assert {item.report.status for item in forgotten if item.report} == {"not_found"}, forgotten
+
+    run_until(env, lambda: all(done("priostack", j) for j in env.admin.jobs()), what="all jobs done",
+              window=1.0)
+
+    jobs = jobs_by_id(env)
+    for job in jobs.values():
+        assert [(c["action"], c["applied"]) for c in job["calls"]] == [("complete", False), ("complete", True)]
+        assert len(job["activations"]) == 2
+    assert recorder.counts() == Counter({job_id: 1 for job_id in jobs})  # the stored outcome, not a re-run
+    assert _statuses(env) == {LedgerStatus.ACKNOWLEDGED: 2} and in_flight(env) == 0
+
+
 # -- 5. the reaper and stranded deliveries ---------------------------------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, recorder: Any,

@@ -2,7 +2,7 @@
 (a pipe, a CI log), printed when something changed and at most once a second.
 
 The display only shows the last :class:`Status` it was given; the runner computes it
-(one read of the ledger counters per update), so drawing never touches the network.
+(from the process's own counter totals), so drawing never touches the network.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
         sleep(poll_seconds)
     report.waited_seconds = services.clock() - start
     report.finished_in_flight = max(0, initial - report.handed_back - report.still_running)
+    services.counters.flush()  # this container's batched counts (runtime.counters), before it stops
     if shutdown:
         _heartbeat(services, "stopped")
         try:

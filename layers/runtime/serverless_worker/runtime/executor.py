@@ -5,6 +5,13 @@ The ledger claim (a conditional write that also returns the item) makes a duplic
 or retried invocation harmless: whoever does not own the run either settles an outcome
 that is already stored or does nothing. The outcome is stored *before* it is reported,
 so a crash after running never leads to running the handler again.
+
+A job costs four ledger writes, and none can go: the scheduler's record (before
+dispatch: the event carries only the key, and the reaper finds a lost dispatch); the
+claim (fences a duplicate invocation, and its run count tells a retry that the handler
+may have run); the stored outcome (before the report, so a retry re-reports it); the
+final write after report and ack (leaves the in-flight index, so capacity frees up and
+the reaper never re-reports). Counters are not among them (``runtime.counters``).
 """
 
 from __future__ import annotations

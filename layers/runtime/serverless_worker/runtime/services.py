@@ -43,6 +43,7 @@ class Services:
     _protocol: WorkerProtocol | None = field(default=None, init=False, repr=False)
     _credential: SecretStr | None = field(default=None, init=False, repr=False)
     _keeper: SessionKeeper | None = field(default=None, init=False, repr=False)
+    _counters: Any = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     # -- identity ------------------------------------------------------------
@@ -96,6 +97,19 @@ class Services:
                     identity=self.identity(), refresh_margin=self.settings.session_refresh_margin_seconds,
                     clock=self.clock)
             return self._keeper
+
+    @property
+    def counters(self) -> Any:
+        """This container's counter buffer (``runtime.counters.CounterBuffer``): counts are
+        written in batches, at most every ``counters_flush_seconds``, not once per job."""
+        with self._lock:
+            if self._counters is None:
+                from .counters import DEFAULT_FLUSH_SECONDS, CounterBuffer
+
+                every = getattr(self.settings, "counters_flush_seconds", DEFAULT_FLUSH_SECONDS)
+                self._counters = CounterBuffer(self.store, self.protocol_name, self.instance,
+                                               flush_seconds=every, clock=self.clock)
+            return self._counters
 
     def ensure_session(self) -> None:
         self._with_fresh_key(lambda: self.keeper.ensure(self.protocol))

@@ -125,12 +125,14 @@ def discard(services: Services, key: str, delivery: Delivery, reason: str) -> Se
 
 
 def _count(services: Services, outcome: Outcome | None, **extra: Any) -> None:
+    """Count the settled job in this container's buffer: no DynamoDB write per job (the
+    buffer writes a batch at most every ``counters_flush_seconds``)."""
     deltas = dict(extra)
     if outcome is not None:
         deltas["processed"] = 1
         if not outcome.is_success:
             deltas["failed"] = 1
     try:
-        services.store.add_counters(services.protocol_name, services.instance, **deltas)
+        services.counters.add(**deltas)
     except Exception:  # counters are informational; never fail a settled job over them
         log.warning("counters not updated", exc_info=True)

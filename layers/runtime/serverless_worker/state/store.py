@@ -65,11 +65,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import logsafety  # noqa: F401  (botocore must not log item bodies: they hold tokens)
+from ..awsclients import LazyClient
 from ..errors import ConfigurationError
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
@@ -93,7 +93,7 @@ from .keys import (
     sort_key_for,
 )
 
-__all__ = ["EXPIRED_RETENTION_SECONDS", "FINAL_RETENTION_SECONDS", "StateStore"]
+__all__ = ["EXPIRED_RETENTION_SECONDS", "FINAL_RETENTION_SECONDS", "StateStore", "check_counter_deltas"]
 
 # Epoch prefix of ledger claims taken only to hand a delivery back (runtime.settle).
 HANDBACK_EPOCH_PREFIX = "handback:"
@@ -104,7 +104,11 @@ FINAL_RETENTION_SECONDS = 7 * 86400    # a settled ledger item stays this long (
 EXPIRED_RETENTION_SECONDS = 86400      # sessions and locks linger this long past their own expiry
 
 # Every call has a timeout; throttling and 5xx are retried by botocore's standard mode.
-_CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5})
+# No client-side parameter validation: DynamoDB validates every request itself (a bad one
+# is a ValidationException, a StateStoreError here), and skipping botocore's copy saves
+# about a tenth of the client's CPU per request, four requests per job.
+_CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5},
+                        parameter_validation=False)
 
 _NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
 _VALUE = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
@@ -131,7 +135,8 @@ class StateStore:
         if not table_name:
             raise ConfigurationError("state table name is empty (set TABLE_NAME)")
         self.table_name = table_name
-        self._client = client if client is not None else boto3.client("dynamodb", config=_CLIENT_CONFIG)
+        # Built on its first request (awsclients): a cold start does not pay for an unused client.
+        self._client = client if client is not None else LazyClient("dynamodb", config=_CLIENT_CONFIG)
         self._clock = clock
         self.ops: Counter[str] = Counter()
         self._ops_lock = threading.Lock()
@@ -231,12 +236,25 @@ class StateStore:
             # delivery is the job coming back, not a duplicate.
             condition += (" OR #status = :handed_back"
                           " OR (#status = :running AND begins_with(#epoch, :handback))")
+            # Or a job whose report the server answered "not found" (a Priostack restart forgot
+            # the activation): it comes back under the same key and must not be dropped.
+            condition += " OR #unknown_to_server = :yes"
         values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value,
-                  "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX}
-        if self._put(key, item, condition, values, what="the delivery") is None:
+                  "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX, "yes": True}
+        response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+        if response is None:
             log.info("duplicate delivery %s: already in the ledger", key)
             return None
+        self._carry_forgotten_outcome(key, from_item(response.get("Attributes") or {}))
         return key
+
+    def _carry_forgotten_outcome(self, key: str, old: dict[str, Any]) -> None:
+        """A job the server forgot comes back with our outcome already stored: keep it, so the
+        executor re-reports it instead of running the handler a second time."""
+        if not old.get("unknown_to_server") or old.get("outcome") is None:
+            return
+        self._transition(key, "SET #outcome = :outcome, #status = :outcome_stored, #updated_at = :now",
+                         "#status = :recorded", outcome=old["outcome"])
 
     def mark_dispatched(self, key: str) -> bool:
         # Only a recorded item: an executor that claimed it first has already moved it on.
@@ -333,9 +351,11 @@ class StateStore:
     # -- delivery ledger: settling ------------------------------------------------
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
         # A report follows a stored outcome; a second reporter finds it already reported.
-        return self._transition(key, "SET #report = :report, #status = :reported, #reported_at = :now, "
-                                "#updated_at = :now", "#status = :outcome_stored",
-                                report=dumps(receipt.model_dump(mode="json")))
+        update = "SET #report = :report, #status = :reported, #reported_at = :now, #updated_at = :now"
+        if receipt.status == "not_found":
+            update += ", #unknown_to_server = :yes"  # the job may come back: see record_delivery
+        return self._transition(key, update, "#status = :outcome_stored",
+                                report=dumps(receipt.model_dump(mode="json")), yes=True)
 
     def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool:
         """Final. With ``receipt`` it also records the report: the short path writes once
@@ -344,9 +364,11 @@ class StateStore:
         if receipt is None:
             # Acknowledging settles a reported outcome, once.
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
-        # Report and acknowledgement of a stored outcome recorded together, once.
+        # Report and acknowledgement of a stored outcome recorded together, once. A report the
+        # server did not know marks the item so that the job's return is recorded again.
         return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status IN (:outcome_stored, :reported)",
-                           report=dumps(receipt.model_dump(mode="json")))
+                           report=dumps(receipt.model_dump(mode="json")),
+                           unknown_to_server=receipt.status == "not_found")
 
     def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
         """Final: returned to the server unstarted. With ``epoch``, only if that run owns it."""
@@ -376,12 +398,11 @@ class StateStore:
 
     # -- counters and control --------------------------------------------------------
     def add_counters(self, protocol: str, instance: str, **deltas: int) -> None:
-        """Add to named counters (``processed=1, failed=1``) atomically."""
-        for name, delta in deltas.items():
-            if not _COUNTER.fullmatch(name) or name in _NOT_COUNTERS:
-                raise ValueError(f"invalid counter name {name!r}")
-            if not isinstance(delta, int) or isinstance(delta, bool):
-                raise ValueError(f"counter {name} delta must be an int, got {delta!r}")
+        """Add to named counters (``processed=1, failed=1``) atomically.
+
+        The runtime batches these per container (``runtime.counters.CounterBuffer``):
+        they are statistics, not worth a write per job."""
+        check_counter_deltas(deltas)
         if not deltas:
             return
         pk = counters_key(protocol, instance)
@@ -435,17 +456,19 @@ class StateStore:
         return response
 
     def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
-               epoch: str | None = None, report: str | None = None) -> bool:
+               epoch: str | None = None, report: str | None = None, unknown_to_server: bool = False) -> bool:
         update = "SET #status = :final, #updated_at = :now, #ttl = :ttl"
         if reason is not None:
             update += ", #error = :reason"
         if report is not None:
             update += ", #report = :report"
+        if unknown_to_server:
+            update += ", #unknown_to_server = :yes"
         # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
         update += " REMOVE #scope, #deadline, #checkpoint"
         ttl = int(self._clock()) + FINAL_RETENTION_SECONDS
         return self._transition(key, update, condition, final=status.value, ttl=ttl, reason=reason,
-                                epoch=epoch, report=report)
+                                epoch=epoch, report=report, yes=True)
 
     def _key(self, pk: str) -> dict[str, Any]:
         return {PK: {"S": pk}, SK: {"S": sort_key_for(pk)}}
@@ -469,8 +492,8 @@ class StateStore:
         return from_item(item) if item else None
 
     def _put(self, pk: str, item: dict[str, Any], condition: str, values: dict[str, Any], *,
-             what: str) -> dict[str, Any] | None:
-        request = {"Item": item, "ConditionExpression": condition,
+             what: str, returns: str = "NONE") -> dict[str, Any] | None:
+        request = {"Item": item, "ConditionExpression": condition, "ReturnValues": returns,
                    **self._expression(condition, values=values)}
         return self._call("write", "put_item", pk, request, what=what)
 
@@ -543,6 +566,15 @@ class StateStore:
                 return items
             time.sleep(min(1.0, 0.05 * 2**attempt))  # unprocessed keys are throttling: back off
         raise StateStoreError(f"DynamoDB batch_get_item for {scope} left keys unprocessed after 8 attempts")
+
+
+def check_counter_deltas(deltas: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for a counter name DynamoDB or the item cannot take, or a non-int delta."""
+    for name, delta in deltas.items():
+        if not _COUNTER.fullmatch(name) or name in _NOT_COUNTERS:
+            raise ValueError(f"invalid counter name {name!r}")
+        if not isinstance(delta, int) or isinstance(delta, bool):
+            raise ValueError(f"counter {name} delta must be an int, got {delta!r}")
 
 
 def _unreported(epoch: str | None) -> str:
