@@ -20,12 +20,16 @@ __all__ = [
     "Price",
     "always_on_alternatives",
     "fixed_monthly",
+    "idle_calls_per_hour",
     "long_path_transitions",
     "per_million_jobs",
 ]
 
 PRICES_AS_OF = "2026-11-29"
 HOURS_PER_MONTH = 730  # AWS's own monthly convention
+# Lambda gives a function one full vCPU at 1,769 MB and a share in proportion below it
+# (https://docs.aws.amazon.com/lambda/latest/dg/configuration-memory.html).
+FULL_VCPU_MB = 1769
 
 
 @dataclass(frozen=True)
@@ -154,40 +158,67 @@ def per_million_jobs(*, protocol: str, dynamodb: dict[str, Any], executor_ms: fl
     }
 
 
+def idle_calls_per_hour(protocol: str, *, liveness: str, window_s: float, schedule_minutes: float,
+                        heartbeat_interval_s: float = 15.0, offline_after_s: float = 45.0,
+                        long_poll_s: float = 20.0, backoff_first_s: float = 0.2,
+                        backoff_cap_s: float | None = None) -> dict[str, float]:
+    """Job-server calls per hour at zero jobs (pulls and heartbeats), from the scheduler's own
+    arithmetic (serverless_worker.runtime.polling): what a liveness mode costs the server."""
+    from serverless_worker.runtime.polling import idle_polls, idle_window
+
+    heartbeats = protocol == "pipelogiq"  # the only one whose worker heartbeats by default
+    window = idle_window(liveness, window=window_s, schedule_seconds=schedule_minutes * 60,
+                         heartbeat_interval=heartbeat_interval_s if heartbeats else None,
+                         offline_after=offline_after_s if heartbeats else None)
+    if protocol == "pipelogiq":  # one long poll at a time, each cut at the next heartbeat
+        pulls = idle_polls(window, first=backoff_first_s, cap=1.0,
+                           long_poll_seconds=min(long_poll_s, heartbeat_interval_s))
+        beats = 1 + math.floor(window / heartbeat_interval_s) + (liveness == "continuous")
+    else:
+        cap = backoff_cap_s or {"priostack": 5.0, "claimqueue": 2.0}[protocol]
+        pulls, beats = idle_polls(window, first=backoff_first_s, cap=cap), 0
+    ticks_per_hour = 60 / schedule_minutes
+    return {"window_s": window, "pulls": pulls * ticks_per_hour, "heartbeats": beats * ticks_per_hour}
+
+
 def fixed_monthly(*, idle: dict[str, Any], schedule_minutes: float, window_s: float, scheduler_memory_mb: int,
                   alarms: int, heartbeat_interval_s: float = 15.0, offline_after_s: float = 45.0,
-                  metrics_at_idle: int = 2, log_kb_per_tick: float = 1.0, arm64: bool = False,
-                  secret: bool = True, tracing: bool = True, final_heartbeat: bool = False) -> dict[str, Any]:
-    """Monthly cost at zero jobs for each liveness mode, from one measured idle tick.
+                  metrics_at_idle: int = 1, log_kb_per_tick: float = 1.0, arm64: bool = False,
+                  secret: bool = True, tracing: bool = True,
+                  idle_continuous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Monthly cost at zero jobs for each liveness mode (``SW_LIVENESS``), from one measured
+    idle tick of the while-work mode (its setup, one round of pulls; its CPU time stretched
+    to the scheduler's share of a vCPU).
 
-    ``idle`` is a tick measured with the short window (its duration is what that mode bills);
-    a long window bills about its own length (the tick stops polling within a second of its
-    end and its setup takes a few hundredths of a second). The keyword switches price the
-    proposals: an arm64 scheduler, the key in an SSM SecureString (no Secrets Manager
-    secret), no X-Ray on the scheduler, and a heartbeat as each window ends.
+    Each mode bills that tick plus the window it stays without work, as the scheduler
+    computes it (``runtime/polling.py``): none for while-work, the heartbeat window for
+    continuous (it closes with a heartbeat), the poll window for full-window. ``secret``
+    (the key in Secrets Manager, or else in an SSM SecureString: no charge) and ``tracing``
+    (X-Ray on the scheduler) are the template's ``ApiKeySecretArn`` / ``ApiKeyParameterName``
+    and ``SchedulerTracing``. ``idle_continuous``, a measured idle tick of the continuous mode,
+    replaces that mode's estimate. ``metrics_at_idle``: the custom metrics an idle tick publishes
+    (``SuccessfulPolls``: ticks are counted by Lambda's own free Invocations metric); each is a
+    metric-month once published.
     """
+    from serverless_worker.runtime.polling import LIVENESS_MODES, idle_window
+
     ticks = HOURS_PER_MONTH * 60 / schedule_minutes
     reads_per_tick = float(idle.get("reads", 0))
     writes_per_tick = float(idle.get("writes", 0))
-    # Continuous liveness on heartbeats alone: the last heartbeat of a tick must come late enough
-    # that the gap to the next tick's first one stays under offline_after. With a heartbeat every
-    # interval from the tick's start, that is the first multiple of the interval past the bound.
-    bound = schedule_minutes * 60 - offline_after_s
-    heartbeat_window = heartbeat_interval_s * (math.floor(bound / heartbeat_interval_s) + 1)
-    if final_heartbeat:  # a heartbeat as the window closes: the window only has to outlast the bound
-        heartbeat_window = min(heartbeat_window, bound + 5.0)
-    short = float(idle.get("window_s", 2.0))
-    modes = {
-        "window_as_configured": (window_s, window_s,
-                                 f"every {schedule_minutes:g} min a {window_s:g} s window: pulls and "
-                                 "heartbeats all the time"),
-        "heartbeat_only_window": (heartbeat_window, heartbeat_window,
-                                  f"{heartbeat_window:g} s window: heartbeats at 0/{heartbeat_interval_s:g}/"
-                                  f"... s keep every gap under {offline_after_s:g} s; online all the time"),
-        "liveness_while_work_exists": (short, float(idle.get("duration_s", short)),
-                                       f"{short:g} s window when idle (one poll a minute), the full window "
-                                       "only while pulls return work: online only then; a job waits up to "
-                                       "a minute"),
+    # The measured tick ran on a whole CPU; at a smaller share its CPU time stretches.
+    share = min(1.0, scheduler_memory_mb / FULL_VCPU_MB)
+
+    def stretched(tick: dict[str, Any]) -> float:
+        return float(tick.get("duration_s", 1.0)) + float(tick.get("cpu_s", 0.0)) * (1 / share - 1)
+
+    tick_s = stretched(idle)
+    what = {
+        "full-window": f"every {schedule_minutes:g} min a {window_s:g} s window: pulls and heartbeats "
+                       "all the time; a job waits at most the gap plus one back-off",
+        "continuous": "heartbeats until the silence to the next tick stays under {offline:g} s, then one "
+                      "more: online all the time; pulls at full speed only while there is work",
+        "while-work": "one round of pulls, then the tick ends: online only while there is work; a job "
+                      f"waits up to {schedule_minutes:g} min",
     }
     common = {
         "alarms_usd": alarms * PRICES["cloudwatch_alarm"].usd,
@@ -207,16 +238,21 @@ def fixed_monthly(*, idle: dict[str, Any], schedule_minutes: float, window_s: fl
     gb = scheduler_memory_mb / 1024
     gb_second = PRICES["lambda_gb_second_arm" if arm64 else "lambda_gb_second"].usd
     scheduler = {"memory_mb": scheduler_memory_mb, "arm64": arm64, "secret": secret, "tracing": tracing,
-                 "custom_metrics": metrics_at_idle, "final_heartbeat": final_heartbeat}
+                 "custom_metrics": metrics_at_idle}
     result: dict[str, Any] = {"ticks_per_month": ticks, "common": common, "modes": {}, "scheduler": scheduler}
-    for name, (window, billed, what) in modes.items():
+    for mode in LIVENESS_MODES:
+        window = idle_window(mode, window=window_s, schedule_seconds=schedule_minutes * 60,
+                             heartbeat_interval=heartbeat_interval_s, offline_after=offline_after_s)
+        billed = window_s if mode == "full-window" else tick_s + window
+        if mode == "continuous" and idle_continuous:
+            billed = stretched(idle_continuous)
         seconds = ticks * _billed_seconds(billed)
         compute = seconds * gb * gb_second
         free_compute = max(0.0, seconds * gb - FREE_TIER["lambda_gb_seconds"]) * gb_second
-        result["modes"][name] = {
-            "what": what, "window_s": window, "billed_s_per_tick": _billed_seconds(billed),
-            "lambda_gb_seconds": seconds * gb, "lambda_compute_usd": compute,
-            "total_usd": compute + common_total,
+        result["modes"][mode] = {
+            "what": what[mode].format(offline=offline_after_s), "window_s": window,
+            "billed_s_per_tick": _billed_seconds(billed), "lambda_gb_seconds": seconds * gb,
+            "lambda_compute_usd": compute, "total_usd": compute + common_total,
             "total_with_free_tier_usd": free_compute + free_common,
         }
     return result

@@ -3,8 +3,11 @@ is already ticking when jobs arrive, one at a time at a steady rate.
 
 Each job carries its creation time (``t``, taken just before the seed call); the bench
 handler notes when it starts. What lies between: the wait for the next pull (a long poll
-answers at once; a Priostack or claim-queue poller sleeps after an empty poll), the ledger
-write, the dispatch, the executor's claim and, for Pipelogiq, the lease.
+answers at once; a Priostack or claim-queue poller polls again at once after work and backs
+off from 0.2 s after empty polls, ``runtime/polling.py``), the ledger write, the dispatch,
+the executor's claim and, for Pipelogiq, the lease. The tick runs in the full-window
+liveness mode: a job that arrives while no tick runs (continuous or while-work between
+ticks) waits for the next one instead, which no poll interval changes.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def measure_latency(aws: Any, protocol: str, *, jobs: int, rate: float, concurre
     sandbox = SandboxProcess(protocol)
     clock = HandlerClock()
     rig = RuntimeRig(aws, sandbox, registry=clock.registry(), concurrency=concurrency, batch_size=batch_size,
-                     max_in_flight=max_in_flight, poll_window=poll_window)
+                     max_in_flight=max_in_flight, poll_window=poll_window, settings={"liveness": "full-window"})
     try:
         rig.start()
         polling = _wait_polling(sandbox, timeout=15.0)

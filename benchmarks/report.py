@@ -49,12 +49,10 @@ def verdicts(results: dict[str, Any]) -> dict[str, str]:
     tp = results.get("throughput", {}).values()
     cold = results.get("coldstart", {}).get("functions", {}).values()
     fixed = {}
-    for label, key in (("", "fixed_monthly"), ("_proposed", "fixed_monthly_proposed")):
+    for label, key in (("", "fixed_monthly"), ("_cheapest", "fixed_monthly_cheapest")):
         modes = results.get("cost", {}).get(key, {}).get("modes", {})
-        continuous = [m["total_usd"] for name, m in modes.items() if name != "liveness_while_work_exists"]
-        fixed[f"f_while_work{label}"] = _verdict("f_while_work", [
-            modes.get("liveness_while_work_exists", {}).get("total_usd")])
-        fixed[f"f_continuous{label}"] = _verdict("f_continuous", [min(continuous)] if continuous else [])
+        fixed[f"f_while_work{label}"] = _verdict("f_while_work", [modes.get("while-work", {}).get("total_usd")])
+        fixed[f"f_continuous{label}"] = _verdict("f_continuous", [modes.get("continuous", {}).get("total_usd")])
     return {
         **fixed,
         "a_ratio": _verdict("a_ratio", (r.get("ratio") for r in tp)),
@@ -93,8 +91,9 @@ def _throughput(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     if not ps:
         return []
     out = ["", "(a) throughput, jobs/s (all jobs seeded first; first call to last settle)"]
+    where = "server process" if results.get("meta", {}).get("dynamodb") == "process" else "embedded"
     rows = [
-        _row("runtime (local pool, moto DynamoDB)", tp, ps, lambda r: _fmt(r["runtime_jobs_per_s"], 1)),
+        _row(f"runtime (local pool, {where} moto DynamoDB)", tp, ps, lambda r: _fmt(r["runtime_jobs_per_s"], 1)),
         _row("minimal hand-rolled worker", tp, ps, lambda r: _fmt(r["minimal_jobs_per_s"], 1)),
         _row("ratio runtime / minimal", tp, ps, lambda r: _fmt(r["ratio"])),
         _row("runtime executor p50 / p95 ms", tp, ps,
@@ -103,9 +102,13 @@ def _throughput(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     ]
     rows.append(_row("DynamoDB writes/s the runtime drove", tp, ps,
                      lambda r: _fmt((r["runtime_jobs_per_s"] or 0.0) * r["dynamodb"]["writes_per_job"], 0)))
+    cpu = [("runtime", "runtime"), ("dynamodb", "moto"), ("minimal", "minimal worker")]
+    if any(tp[p].get("cpu_ms_per_job") for p in ps):
+        rows.append(_row("CPU ms / job: " + " / ".join(label for _, label in cpu), tp, ps, lambda r: " / ".join(
+            _fmt((r.get("cpu_ms_per_job") or {}).get(key), 1) for key, _ in cpu)))
     ceiling = results.get("dynamodb_ceiling_writes_per_s")
     if ceiling:
-        label = "moto alone, 50 threads of ledger-sized writes/s"
+        label = f"{where} moto alone, 50 threads of ledger-sized writes/s"
         rows.append([label, _fmt(ceiling, 0)] + [""] * (len(ps) - 1))
     out += _table(["", *ps], rows)
     out.append(f"    target {marks['a_ratio']}")
@@ -144,10 +147,13 @@ def _coldstart(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
         return []
     out = ["", f"(d) cold start: median wall time of a fresh process, {cold['rounds']} rounds "
                f"(python -c 'import boto3': {_fmt(cold['boto3_import_median_s'], 3)} s)"]
-    rows = [[key, _fmt(f["median_s"], 3), _fmt(f["ratio_to_boto3"]), _fmt(f["import_s"], 3),
-             _fmt(f["init_s"], 3), str(f.get("modules"))] for key, f in cold["functions"].items()]
-    header = ["function/protocol", "seconds", "ratio", "import app.py", "build runtime", "modules"]
+    rows = [[key, _fmt(f["median_s"], 3), _fmt(f["ratio_to_boto3"]), _fmt(f.get("cpu_ratio_to_boto3")),
+             _fmt(f["import_s"], 3), _fmt(f["init_s"], 3), _fmt(f.get("first_client_s"), 3), str(f.get("modules"))]
+            for key, f in cold["functions"].items()]
+    header = ["function/protocol", "seconds", "ratio", "CPU ratio", "import app.py", "build runtime",
+              "then DynamoDB client", "modules"]
     out += _table(header, rows)
+    out.append("    then DynamoDB client: built on the first call, not counted above; every function makes one")
     out.append(f"    target {marks['d_ratio']}")
     return out
 
@@ -187,24 +193,33 @@ def _cost(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
         out.append(f"    long path: {lp['transitions']} state transitions and {lp['lambda_invocations']} "
                    f"steps invocations per job ({lp['slices']} slice, {lp['renewals']} renewal); "
                    "handler time excluded")
-    fixed, proposed = cost["fixed_monthly"], cost.get("fixed_monthly_proposed", {}).get("modes", {})
-    out.append(f"  at zero jobs, $ / month ({fixed['ticks_per_month']:.0f} ticks; alarms, custom metrics, "
-               f"logs, X-Ray, secret, DynamoDB: {_fmt(sum(fixed['common'].values()))} of each total)")
-    rows = [[name, _fmt(m["billed_s_per_tick"]), _fmt(m["lambda_compute_usd"]), _fmt(m["total_usd"]),
-             _fmt(m["total_with_free_tier_usd"]), _fmt(proposed.get(name, {}).get("total_usd"))]
+    fixed, cheapest = cost["fixed_monthly"], cost.get("fixed_monthly_cheapest", {}).get("modes", {})
+    default = cost.get("liveness_default")
+    config = fixed["scheduler"]
+    out.append(f"  at zero jobs, $ / month ({fixed['ticks_per_month']:.0f} ticks; scheduler {config['memory_mb']} MB"
+               f"{' arm64' if config['arm64'] else ''}; alarms, custom metrics, logs, X-Ray, secret, DynamoDB: "
+               f"{_fmt(sum(fixed['common'].values()))} of each total)")
+    calls = cost.get("idle_calls_per_hour", {})
+    ps_calls = [p for p in results.get("meta", {}).get("protocols", []) if p in calls]
+    rows = [[name + (" (default)" if name == default else ""), _fmt(m["billed_s_per_tick"]),
+             _fmt(m["lambda_compute_usd"]), _fmt(m["total_usd"]), _fmt(m["total_with_free_tier_usd"]),
+             _fmt(cheapest.get(name, {}).get("total_usd"))]
+            + [f"{calls[p][name]['pulls']:.0f}/{calls[p][name]['heartbeats']:.0f}" for p in ps_calls]
             for name, m in fixed["modes"].items()]
-    out += _table(["liveness", "billed s/tick", "Lambda", "total", "with free tier", "proposed"], rows)
+    header = ["liveness (SW_LIVENESS)", "billed s/tick", "Lambda", "total", "with free tier",
+              "SSM key, no X-Ray"] + [f"{p} calls/h" for p in ps_calls]
+    out += _table(header, rows)
     out += [f"    {name}: {m['what']}" for name, m in fixed["modes"].items()]
-    if proposed:
-        out.append("    proposed: scheduler at 128 MB on arm64, key in SSM instead of Secrets Manager, "
-                   "no X-Ray on the scheduler, one idle metric, a heartbeat as each window closes")
+    out.append("    total: the key in Secrets Manager, SchedulerTracing as the template's default; SSM key, no "
+               "X-Ray: ApiKeyParameterName and SchedulerTracing=PassThrough; calls/h: the job server's pulls/"
+               "heartbeats per hour at zero jobs")
     out += [f"    instead, always on: {name} ${_fmt(alt['usd'])} / month ({alt['what']})"
             for name, alt in cost["always_on"].items()]
-    out.append(f"    targets as configured: liveness while work exists {marks['f_while_work']}; "
+    out.append(f"    targets as deployed by default: liveness while work exists {marks['f_while_work']}; "
                f"continuous liveness {marks['f_continuous']}")
-    if proposed:
-        out.append("    targets with the proposals: liveness while work exists "
-                   f"{marks['f_while_work_proposed']}; continuous liveness {marks['f_continuous_proposed']}")
+    if cheapest:
+        out.append("    targets with the SSM key and no scheduler X-Ray: liveness while work exists "
+                   f"{marks['f_while_work_cheapest']}; continuous liveness {marks['f_continuous_cheapest']}")
     return out
 
 
@@ -218,12 +233,17 @@ def _dispatch(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     disp, ps = _present(results, "dispatch")
     if not ps:
         return []
-    out = ["", "(g) scheduler dispatch rate: one tick, enqueue-only dispatcher, backlog seeded first"]
+    out = ["", "(g) scheduler dispatch rate: one tick, enqueue-only dispatcher, backlog seeded first, "
+               "ledger in moto's server process"]
     rows = [_row("dispatches / s", disp, ps, lambda r: _fmt(r["dispatches_per_s"], 1)),
             _row("dispatched / seeded", disp, ps, lambda r: f"{r['dispatched']}/{r['deliveries']}"),
             _row("pull calls", disp, ps, lambda r: ", ".join(f"{k} {v}" for k, v in r["pull_calls"].items())),
-            _row("pull ms per delivery (serial)", disp, ps, lambda r: _fmt(r["pull_ms_per_delivery"], 1)),
-            _row("record ms each (16 in parallel)", disp, ps, lambda r: _fmt(r["record_ms_each"], 1))]
+            _row("pull ms per delivery (call time)", disp, ps, lambda r: _fmt(r["pull_ms_per_delivery"], 1)),
+            _row("record ms each (16 in parallel, beside pulls)", disp, ps,
+                 lambda r: _fmt(r["record_ms_each"], 1))]
+    if all(disp[p].get("cpu_ms_per_delivery") for p in ps):
+        rows.append(_row("scheduler CPU ms / delivery (per vCPU: / s)", disp, ps,
+                         lambda r: f"{_fmt(r['cpu_ms_per_delivery'], 2)} ({1000 / r['cpu_ms_per_delivery']:.0f})"))
     out += _table(["", *ps], rows)
     out.append(f"    target {marks['g_rate']}")
     return out

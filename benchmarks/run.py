@@ -3,8 +3,11 @@ stdout and everything as JSON in ``bench-results/bench.json`` (the table beside 
 
 Order: the emulated DynamoDB's own write rate; per protocol the throughput pair (minimal
 worker, then runtime), latency, dispatch rate, an idle tick and lone executor runs, all
-against one embedded moto server (a fresh table each); then the cold starts (fresh
-processes, nothing else running); then the cost model, which only does arithmetic.
+against moto (a fresh table each): throughput and dispatch rate against moto's server in a
+process of its own, as DynamoDB is remote from Lambda (``--dynamodb embedded`` puts the
+throughput runtime's in-process, as the local runner has it), the others against the
+embedded one; then the cold starts (fresh processes, nothing else running); then the cost
+model, which only does arithmetic.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from .harness import PROTOCOLS
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-IDLE_WINDOW = 2.0  # the "liveness only while work exists" window: one poll when idle
 STEPS = ("throughput", "latency", "dispatch", "idle", "coldstart")
 
 
@@ -37,6 +39,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, help="executors, and minimal-worker runners "
                                                         "(default: the template's reserved concurrency)")
     parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
+    parser.add_argument("--dynamodb", choices=("process", "embedded"), default="process",
+                        help="the throughput runtime's DynamoDB: moto's server in a process of its own "
+                             "(default), or moto embedded in this process, as the local runner has it; "
+                             "its CPU per job is measured apart either way")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="leave these measurements out")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "bench.json")
     return parser.parse_args(argv)
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": concurrency, "batch_size": defaults["batch_size"],
             "max_in_flight": defaults["max_in_flight"],
             "poll_window_seconds": defaults["poll_window_seconds"],
-            "protocols": args.protocols, "cpus": os.cpu_count(), "load_before": _load(),
+            "protocols": args.protocols, "dynamodb": args.dynamodb, "cpus": os.cpu_count(), "load_before": _load(),
             "python": platform.python_version(), "commit": _git(), "template": defaults}
     results: dict[str, Any] = {"meta": meta, "throughput": {}, "latency": {}, "dispatch": {}, "idle_tick": {},
                                "executor_alone": {}, "errors": []}
@@ -111,6 +117,7 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
     from serverless_worker.local.aws import EmbeddedAws
 
     from .dispatch_rate import measure_dispatch_rate
+    from .harness import MotoProcess
     from .idle import measure_executor_alone, measure_idle_tick
     from .latency import measure_latency
     from .rig import dynamodb_ceiling
@@ -120,14 +127,16 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
     shape = {"batch_size": defaults["batch_size"], "max_in_flight": defaults["max_in_flight"],
              "concurrency": concurrency}
     aws = EmbeddedAws.start(pool_size=concurrency + 32)
+    dynamodb = MotoProcess(pool_size=concurrency + 32)  # remote, as DynamoDB is from Lambda
+    throughput_dynamodb = dynamodb if args.dynamodb == "process" else aws
     try:
         _say("emulated DynamoDB: write rate")
-        results["dynamodb_ceiling_writes_per_s"] = dynamodb_ceiling(aws, threads=concurrency,
+        results["dynamodb_ceiling_writes_per_s"] = dynamodb_ceiling(throughput_dynamodb, threads=concurrency,
                                                                    writes=200 if quick else 400)
         for protocol in args.protocols:
             if "throughput" not in skip:
                 _say(f"{protocol}: throughput, {jobs} jobs, minimal worker then runtime")
-                result = measure_throughput(aws, protocol, jobs=jobs, timeout=120.0 if quick else 420.0,
+                result = measure_throughput(throughput_dynamodb, protocol, jobs=jobs, timeout=120.0 if quick else 420.0,
                                             poll_window=defaults["poll_window_seconds"], **shape)
                 results["throughput"][protocol] = result.as_dict()
                 results["errors"] += result.errors
@@ -141,13 +150,18 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
             if "dispatch" not in skip:
                 _say(f"{protocol}: dispatch rate")
                 results["dispatch"][protocol] = measure_dispatch_rate(
-                    aws, protocol, deliveries=100 if quick else 200, batch_size=defaults["batch_size"])
+                    dynamodb, protocol, deliveries=100 if quick else 200, batch_size=defaults["batch_size"])
             if "idle" not in skip:
                 _say(f"{protocol}: idle tick, executor alone")
-                results["idle_tick"][protocol] = measure_idle_tick(aws, protocol, window=IDLE_WINDOW, **shape)
+                results["idle_tick"][protocol] = measure_idle_tick(
+                    aws, protocol, window=defaults["poll_window_seconds"], **shape)
+                if protocol == "pipelogiq":  # the one whose worker heartbeats: a continuous window
+                    results["idle_tick_continuous"] = measure_idle_tick(
+                        aws, protocol, window=defaults["poll_window_seconds"], liveness="continuous", **shape)
                 results["executor_alone"][protocol] = measure_executor_alone(aws, protocol,
                                                                              jobs=5 if quick else 10)
     finally:
+        dynamodb.close()
         aws.close()
 
 
@@ -170,22 +184,42 @@ def _cost(results: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     schedule = defaults["schedule"]
     minutes = float(schedule.split("(")[1].split()[0]) if schedule.startswith("rate(") else 1.0
     alarms = _count_alarms()
-    fixed = {"idle": idle, "schedule_minutes": minutes, "window_s": defaults["poll_window_seconds"],
-             "alarms": alarms}
+    scheduler = _scheduler_defaults()
+    fixed = {"idle": idle, "idle_continuous": results.get("idle_tick_continuous"),
+             "schedule_minutes": minutes, "window_s": defaults["poll_window_seconds"],
+             "alarms": alarms, "scheduler_memory_mb": memory["SchedulerFunction"], "arm64": scheduler["arm64"]}
+    calls = {protocol: {mode: cost.idle_calls_per_hour(protocol, liveness=mode, window_s=fixed["window_s"],
+                                                       schedule_minutes=minutes)
+                        for mode in ("full-window", "continuous", "while-work")}
+             for protocol in results["meta"]["protocols"]}
     return {
         "prices_as_of": cost.PRICES_AS_OF,
         "prices": {name: {"usd": p.usd, "unit": p.unit, "source": p.source}
                    for name, p in cost.PRICES.items()},
         "per_million_jobs": per_million,
-        "fixed_monthly": cost.fixed_monthly(scheduler_memory_mb=memory["SchedulerFunction"], **fixed),
-        # The proposals priced: 128 MB arm64 scheduler, the key in SSM, no X-Ray on the scheduler,
-        # one idle metric (SuccessfulPolls, which the silent-poller alarm needs), a closing heartbeat.
-        "fixed_monthly_proposed": cost.fixed_monthly(scheduler_memory_mb=128, arm64=True, secret=False,
-                                                     tracing=False, metrics_at_idle=1, final_heartbeat=True,
-                                                     **fixed),
+        "liveness_default": scheduler["liveness"],
+        # As the template deploys by default: the key in Secrets Manager, X-Ray per SchedulerTracing.
+        "fixed_monthly": cost.fixed_monthly(tracing=scheduler["tracing"], secret=True, **fixed),
+        # The cheapest the template allows: ApiKeyParameterName (SSM) and SchedulerTracing=PassThrough.
+        "fixed_monthly_cheapest": cost.fixed_monthly(tracing=False, secret=False, **fixed),
+        "idle_calls_per_hour": calls,
         "always_on": cost.always_on_alternatives(),
         "alarms_in_template": alarms,
     }
+
+
+def _scheduler_defaults() -> dict[str, Any]:
+    """The scheduler's template defaults the cost model needs: liveness, tracing, architecture."""
+    from serverless_worker.local.template import load_template
+
+    template = load_template()
+    params = {name: spec.get("Default") for name, spec in template.get("Parameters", {}).items()}
+    props = template["Resources"]["SchedulerFunction"]["Properties"]
+    globals_ = template.get("Globals", {}).get("Function", {})
+    architectures = props.get("Architectures", globals_.get("Architectures", ["x86_64"]))
+    return {"liveness": params.get("Liveness", "full-window"),
+            "tracing": params.get("SchedulerTracing", "Active") == "Active",
+            "arm64": architectures == ["arm64"]}
 
 
 def _count_alarms() -> int:

@@ -478,7 +478,9 @@ def test_a_crash_mid_run_ends_in_give_back_with_a_failure(
         return real(services, event, context)
 
     monkeypatch.setitem(steps.STEPS, "run_slice", crashing)
-    env = long_env(protocol, ["long-pages"])
+    # After the pull that finds the job, the tick waits past its window: the server's retry
+    # of the failed job (Priostack puts it back with retries left) is for a later tick.
+    env = long_env(protocol, ["long-pages"], settings={"poll_backoff_seconds": 5.0})
     env.seed("long-pages", [{"pages": 3, "tag": "c"}])
 
     dispatch(env)

@@ -30,6 +30,17 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _statements(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """A policy's statements, each branch of an ``!If`` included (a grant either way)."""
+    found = []
+    for statement in _list(document.get("Statement", [])):
+        if isinstance(statement, dict) and "Fn::If" in statement:
+            found += [s for s in statement["Fn::If"][1:] if isinstance(s, dict) and "Effect" in s]
+        else:
+            found.append(statement)
+    return found
+
+
 def _grants(template: dict[str, Any], function: str) -> list[tuple[str, Any]]:
     """(action, resource) pairs the function's role allows, managed policies included."""
     resources = template["Resources"]
@@ -42,7 +53,7 @@ def _grants(template: dict[str, Any], function: str) -> list[tuple[str, Any]]:
         documents.append(resources[arn["Ref"]]["Properties"]["PolicyDocument"])
     pairs = []
     for document in documents:
-        for statement in _list(document["Statement"]):
+        for statement in _statements(document):
             assert statement["Effect"] == "Allow" and "NotAction" not in statement
             pairs += [(a, r) for a in _list(statement["Action"]) for r in _list(statement["Resource"])]
     return pairs
@@ -75,6 +86,8 @@ def test_each_function_reaches_only_its_own_resources(function: str, template: d
     for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
         assert by_action.pop(action) == [TABLE]
     assert by_action.pop("secretsmanager:GetSecretValue") == [{"Ref": "ApiKeySecretArn"}]
+    assert by_action.pop("ssm:GetParameter") == [{"Fn::Sub": "arn:${AWS::Partition}:ssm:${AWS::Region}:"
+                                                            "${AWS::AccountId}:parameter${ApiKeyParameterName}"}]
     log_group = template["Resources"][function]["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
     for action in ("logs:CreateLogStream", "logs:PutLogEvents"):
         assert by_action.pop(action) == [{"Fn::GetAtt": [log_group, "Arn"]}]
@@ -113,11 +126,25 @@ def test_no_wildcard_action_and_star_only_where_aws_requires_it(template: dict[s
             assert "Policies" not in props, f"{name}: SAM policies would add a role with AWS managed policies"
         policies = props.get("Policies", [])
         documents = [props.get("PolicyDocument")] + [p.get("PolicyDocument", p) for p in _list(policies)]
-        statements += [(name, s) for d in documents if isinstance(d, dict)
-                       for s in _list(d.get("Statement", []))]
+        statements += [(name, s) for d in documents if isinstance(d, dict) for s in _statements(d)]
     assert len(statements) > 10
     for name, statement in statements:
         actions = _list(statement["Action"])
         assert not any("*" in action for action in actions), (name, actions)
         if "*" in _list(statement["Resource"]):
             assert set(actions) <= STAR_ONLY, (name, actions)
+
+
+def test_the_key_is_readable_only_from_the_source_the_stack_was_given(template: dict[str, Any]) -> None:
+    """ApiKeySecretArn or ApiKeyParameterName: each grant exists only with its parameter set,
+    and the template's rules refuse neither or both."""
+    document = template["Resources"]["WorkerCommonPolicy"]["Properties"]["PolicyDocument"]
+    conditional = {s["Fn::If"][0]: s["Fn::If"] for s in document["Statement"] if "Fn::If" in s}
+    assert conditional["HasApiKeySecret"][1]["Action"] == "secretsmanager:GetSecretValue"
+    assert conditional["HasApiKeyParameter"][1]["Action"] == "ssm:GetParameter"
+    assert all(branches[2] == {"Ref": "AWS::NoValue"} for branches in conditional.values())
+    conditions = template["Conditions"]
+    assert conditions["HasApiKeySecret"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "ApiKeySecretArn"}, ""]}]}
+    assert conditions["HasApiKeyParameter"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "ApiKeyParameterName"}, ""]}]}
+    assertions = template["Rules"]["OneApiKeySource"]["Assertions"]
+    assert [a["AssertDescription"].split()[0:2] for a in assertions] == [["Set", "ApiKeySecretArn"], ["Set", "only"]]

@@ -20,7 +20,14 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a top-level package of the repos
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import cost, report  # noqa: E402
-from benchmarks.harness import CREDENTIALS, HandlerClock, minimum_calls, percentile, seed_body  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    CREDENTIALS,
+    HandlerClock,
+    MotoProcess,
+    minimum_calls,
+    percentile,
+    seed_body,
+)
 from benchmarks.minimal_worker import MinimalWorker  # noqa: E402
 from benchmarks.rig import RuntimeRig  # noqa: E402
 from benchmarks.throughput import ThroughputResult, dynamodb_per_job  # noqa: E402
@@ -87,6 +94,32 @@ def test_runtime_rig_counts_every_job(serve: Callable[..., Any], admin_for: Call
     assert admin.stats()["calls"]["complete"] == 5
 
 
+def test_runtime_rig_on_a_moto_server_process(serve: Callable[..., Any], admin_for: Callable[..., Any]) -> None:
+    """The throughput benchmark's DynamoDB: moto's server in a child process, whose CPU the
+    benchmark reads; each job costs the four ledger writes and no counters write."""
+    server = serve("claimqueue")
+    admin_for(server).seed(seed_body("claimqueue", [{"n": n} for n in range(4)]))
+    sandbox = SimpleNamespace(protocol="claimqueue", url=server.url, credential=CREDENTIALS["claimqueue"])
+    clock = HandlerClock()
+    with MotoProcess(pool_size=8) as dynamodb:
+        cpu_before = dynamodb.cpu_seconds()
+        rig = RuntimeRig(dynamodb, sandbox, registry=clock.registry(), concurrency=2, batch_size=10,
+                         max_in_flight=50, poll_window=30.0)
+        try:
+            rig.start()
+            assert rig.wait_reported(4, timeout=60) is not None
+            operations = rig.store_calls.snapshot()
+        finally:
+            rig.stop()
+            rig.close()
+        cpu_after = dynamodb.cpu_seconds()
+    assert rig.actions == {"reported": 4} and len(clock.starts) == 4
+    for name in ("record_delivery", "start_run", "store_outcome", "mark_acknowledged"):
+        assert operations[name] == 4, operations
+    assert "add_counters" not in operations  # counted in memory, written at most every 30 s
+    assert cpu_before is not None and cpu_after is not None and cpu_after > cpu_before
+
+
 def test_cost_model_arithmetic() -> None:
     long_path = cost.long_path_transitions(ASL, slices=2, renewals=3)
     assert long_path == {"transitions": 10 + 2 * 2 + 3 * 3, "lambda_invocations": 3 + 2 + 3,
@@ -109,17 +142,34 @@ def test_cost_model_arithmetic() -> None:
     assert short["dynamodb_usd"] == pytest.approx(15 * 0.625 + 0.1 * 0.125)
     assert one["long_path"]["step_functions_usd"] == pytest.approx(15 * 25.0)
 
-    fixed = cost.fixed_monthly(idle={"window_s": 2.0, "duration_s": 1.5, "reads": 4, "writes": 0},
-                               schedule_minutes=1, window_s=50, scheduler_memory_mb=256, alarms=5)
+    idle = {"window_s": 50.0, "duration_s": 1.5, "reads": 4, "writes": 0}
+    fixed = cost.fixed_monthly(idle=idle, schedule_minutes=1, window_s=50, scheduler_memory_mb=128, alarms=5)
     modes = fixed["modes"]
     assert fixed["ticks_per_month"] == 730 * 60
-    assert modes["heartbeat_only_window"]["window_s"] == 30  # 60 s period, offline after 45 s, beats at 15 s
-    assert modes["liveness_while_work_exists"]["billed_s_per_tick"] == 1.5
-    configured = modes["window_as_configured"]["lambda_compute_usd"]
-    assert configured == pytest.approx(43800 * 50 * 0.25 * 0.0000166667)
-    totals = [m["total_usd"] for m in modes.values()]
+    # The scheduler's own windows: 60 s period, offline after 45 s, 4 s margin; none; the poll window.
+    assert [modes[m]["window_s"] for m in ("continuous", "while-work", "full-window")] == [19, 0, 50]
+    assert modes["continuous"]["billed_s_per_tick"] == 20.5 and modes["while-work"]["billed_s_per_tick"] == 1.5
+    configured = modes["full-window"]["lambda_compute_usd"]
+    assert configured == pytest.approx(43800 * 50 * 0.125 * 0.0000166667)
+    totals = [modes[m]["total_usd"] for m in ("full-window", "continuous", "while-work")]
     assert totals == sorted(totals, reverse=True)
     assert all(m["total_with_free_tier_usd"] < m["total_usd"] for m in modes.values())
+    cheapest = cost.fixed_monthly(idle=idle, schedule_minutes=1, window_s=50,
+                                  scheduler_memory_mb=128, alarms=5, secret=False, tracing=False)
+    saved = modes["while-work"]["total_usd"] - cheapest["modes"]["while-work"]["total_usd"]
+    assert saved == pytest.approx(0.40 + 43800 * 5e-6)  # the secret and a trace per tick
+    stretched = cost.fixed_monthly(idle={**idle, "cpu_s": 0.01}, schedule_minutes=1, window_s=50,
+                                   scheduler_memory_mb=128, alarms=5)["modes"]["while-work"]
+    assert stretched["billed_s_per_tick"] == pytest.approx(1.5 + 0.01 * (1769 / 128 - 1), abs=0.001)
+    measured = cost.fixed_monthly(idle=idle, idle_continuous={"duration_s": 20.4}, schedule_minutes=1,
+                                  window_s=50, scheduler_memory_mb=128, alarms=5)["modes"]["continuous"]
+    assert measured["billed_s_per_tick"] == 20.4  # a measured continuous tick replaces the estimate
+    calls = {m: cost.idle_calls_per_hour("claimqueue", liveness=m, window_s=50, schedule_minutes=1)
+             for m in ("full-window", "continuous", "while-work")}
+    assert calls["continuous"] == calls["while-work"] == {"window_s": 0.0, "pulls": 60.0, "heartbeats": 0}
+    assert calls["full-window"]["pulls"] > 60 * 25  # 2 s at most between claims, 1.5 s on average
+    beats = cost.idle_calls_per_hour("pipelogiq", liveness="continuous", window_s=50, schedule_minutes=1)
+    assert beats == {"window_s": 19.0, "pulls": 120.0, "heartbeats": 60 * 3}  # 0 s, 15 s and closing
     always_on = cost.always_on_alternatives()
     assert always_on["ec2_t4g_nano"]["usd"] == pytest.approx(730 * (0.0042 + 0.005) + 8 * 0.08)
 

@@ -41,7 +41,8 @@ def test_function_takes_globals_and_its_own_properties(stack: ResolvedTemplate) 
     assert scheduler.source == ROOT / "functions" / "scheduler" / "app.py"
     assert scheduler.source.is_file()
     assert scheduler.timeout == 120                           # its own Timeout
-    assert scheduler.memory_size == 256                       # Globals MemorySize
+    assert scheduler.memory_size == 128                       # !Ref SchedulerMemorySize (default)
+    assert stack.function("DrainFunction").memory_size == 256  # Globals MemorySize
     assert executor.timeout == 900                            # !Ref ExecutorTimeoutSeconds (default)
     assert executor.memory_size == 512                        # !Ref ExecutorMemorySize (default)
 
@@ -64,6 +65,8 @@ def test_environment_merges_globals_and_resolves_intrinsics(stack: ResolvedTempl
     assert steps["SW_STATE_MACHINE_ARN"] == scheduler["SW_STATE_MACHINE_ARN"]
     # a function's own variables stay its own
     assert "SW_EXECUTOR_FUNCTION_NAME" not in stack.function("DrainFunction").variables
+    assert scheduler["SW_LIVENESS"] == "continuous"           # !Ref Liveness (default), the scheduler's only
+    assert "SW_LIVENESS" not in stack.function("ExecutorFunction").variables
 
 
 def test_overrides_change_parameters_and_conditions() -> None:
@@ -72,6 +75,15 @@ def test_overrides_change_parameters_and_conditions() -> None:
 
     assert stack.function("SchedulerFunction").variables["SW_INSTANCE_ID"] == "blue"
     assert stack.function("ExecutorFunction").timeout == 60
+
+
+def test_the_key_may_come_from_an_ssm_parameter_instead_of_a_secret() -> None:
+    stack = ResolvedTemplate.load(TEMPLATE_PATH, overrides={"BaseUrl": "https://jobs.example.com",
+                                                            "ApiKeyParameterName": "/sw/api-key"})
+
+    variables = stack.function("SchedulerFunction").variables
+    # An empty variable counts as unset (Settings: env_ignore_empty): the parameter is the one source.
+    assert (variables["SW_API_KEY_PARAMETER"], variables["SW_API_KEY_SECRET_ARN"]) == ("/sw/api-key", "")
 
 
 def test_parameter_without_default_or_override_is_blank_as_in_sam() -> None:

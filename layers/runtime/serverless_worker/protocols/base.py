@@ -118,9 +118,15 @@ class Delivery(BaseModel):
     wire: dict[str, Any] = Field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
-        """Plain dict for the ledger: the token is revealed here and only here."""
-        data = self.model_dump(mode="json")
-        data["token"] = self.token.get_secret_value() if self.token else None
+        """Plain dict for the ledger: the token is revealed here and only here.
+
+        Empty fields are left out (``from_record`` restores their defaults): every ledger
+        write is billed by the item's size in 1 KB units, and a Pipelogiq delivery with its
+        unused trace fields spelled out crosses 1 KB."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        data["wire"] = {name: value for name, value in data.get("wire", {}).items() if value is not None}
+        if self.token is not None:
+            data["token"] = self.token.get_secret_value()
         return data
 
     @classmethod
@@ -161,7 +167,8 @@ class WorkerProtocol(ABC):
     lease_renewable: ClassVar[bool] = False    # renew extends the lease
     supports_events: ClassVar[bool] = False    # send_events reaches the server
     long_poll: ClassVar[bool] = False          # pull waits server-side for work (no idle sleep needed)
-    empty_poll_backoff: ClassVar[float] = 1.0  # seconds to wait after an empty pull when not long-polling
+    empty_poll_backoff: ClassVar[float] = 1.0  # longest wait between empty pulls when not long-polling
+    parallel_pulls: ClassVar[int] = 1          # pull calls at once while a backlog lasts (one item per call)
     max_events_per_batch: ClassVar[int] = 200
 
     # -- session -------------------------------------------------------------

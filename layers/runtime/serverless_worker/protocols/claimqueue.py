@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -51,7 +51,9 @@ from .claimqueue_models import (
     ResultAnswer,
     _raise_for_answer,
 )
-from .claimqueue_socket import ClaimQueueSocket
+
+if TYPE_CHECKING:
+    from .claimqueue_socket import ClaimQueueSocket
 
 __all__ = ["ClaimQueueClient", "Transport", "result_record"]
 
@@ -117,6 +119,7 @@ class ClaimQueueClient(WorkerProtocol):
     lease_renewable: ClassVar[bool] = False   # and no renew endpoint
     long_poll: ClassVar[bool] = False         # a claim answers at once, empty or not
     empty_poll_backoff: ClassVar[float] = 2.0  # "back off briefly": the document's loop waits 2 s
+    parallel_pulls: ClassVar[int] = 3         # "no batch claim; parallelism comes from many single-item claims"
 
     def __init__(
         self,
@@ -391,6 +394,9 @@ class ClaimQueueClient(WorkerProtocol):
                 base = self._http.base_url
                 scheme = "wss" if base.startswith("https://") else "ws"
                 url = scheme + base[base.index("://"):] + self._path("work", queue)
+                # websockets is the local extra, not in the Lambda layer (Lambda uses http).
+                from .claimqueue_socket import ClaimQueueSocket
+
                 sock = ClaimQueueSocket(url, self._token, connect_timeout=self._connect_timeout,
                                         read_timeout=self._read_timeout)
                 self._sockets[queue] = sock

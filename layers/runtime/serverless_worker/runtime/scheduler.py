@@ -1,17 +1,20 @@
 """One scheduler tick: keep the session and liveness, pull only what can run now,
 record each delivery before dispatching it, and reap what got stranded.
 
-A tick lasts the poll window (less than the schedule period), heartbeating at the
-server's interval throughout, so the worker stays online between ticks while pulls
-happen continuously.
+A tick heartbeats at the server's interval and pulls for as long as pulls return work,
+up to the poll window; without work it stays as long as its liveness mode says
+(``runtime/polling.py``). Deliveries are recorded and dispatched on a thread pool while
+the next pull runs, each one recorded before it is dispatched, and counted in flight from
+the moment it is pulled, so capacity never overshoots.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,7 @@ from ..errors import (
 from ..protocols.base import Delivery, PullRequest, WorkerStatus
 from .context import LambdaContextLike
 from .dispatch import DispatchError
+from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, idle_window
 from .reaper import reap
 from .services import Services
 from .session import SessionUnavailableError
@@ -70,6 +74,12 @@ class Scheduler:
         # runner, whose executors run in its own process, returns as soon as one does.
         self._wait_for_capacity = wait_for_capacity or sleep
         self._pool = ThreadPoolExecutor(max_workers=dispatch_workers, thread_name_prefix="dispatch")
+        # Deliveries pulled but not yet recorded and dispatched: enough to keep the pool busy
+        # while the next pull runs, few enough that a tick never holds many unrecorded.
+        self._max_pending = 2 * dispatch_workers
+        self._pull_pool: ThreadPoolExecutor | None = None  # parallel claims (protocol.parallel_pulls)
+        self._report_lock = threading.Lock()
+        self._backlog: set[str] = set()  # handlers whose last pull came back full
         self._next_heartbeat = 0.0
         self._started = time.time()
         self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
@@ -80,7 +90,7 @@ class Scheduler:
         clock = services.clock
         start = clock()
         window = settings.poll_window_seconds if window is None else window
-        deadline = start + max(0.0, min(window, context.get_remaining_time_in_millis() / 1000 - SAFETY_SECONDS))
+        full_end = start + max(0.0, min(window, context.get_remaining_time_in_millis() / 1000 - SAFETY_SECONDS))
         report = TickReport()
         with services.flushing_events():
             try:
@@ -101,38 +111,75 @@ class Scheduler:
                 report.duration = clock() - start
                 return report
             self._heartbeat(report, state="ready", force=True)
-            limit = self._capacity_limit()
-            in_flight = store.count_in_flight(services.protocol_name, services.instance)
-            handlers = services.handler_names()
-            # Stop when less than a second is left: a pull then could outlast the window.
-            while deadline - clock() >= 1.0 and report.stopped is None:
-                if self._heartbeat(report, state="ready"):
-                    control = store.get_control(services.protocol_name, services.instance)
-                    if control.get("stopped") or control.get("draining"):
-                        report.stopped = "stopped" if control.get("stopped") else "draining"
-                        break
-                free = limit - in_flight
-                if free <= 0:
-                    # Re-count: executors finish during the window.
-                    in_flight = store.count_in_flight(services.protocol_name, services.instance)
-                    if limit - in_flight <= 0:
-                        report.full_waits += 1
-                        self._wait_for_capacity(min(1.0, max(0.0, deadline - clock())))
-                    continue
-                got = 0
-                for name in self._in_turn(handlers):
-                    room = min(settings.batch_size, limit - in_flight)
-                    if room <= 0 or clock() >= deadline:
-                        break
-                    self._next_handler = (handlers.index(name) + 1) % len(handlers)
-                    deliveries = self._pull(report, name, room, deadline, len(handlers))
-                    got += len(deliveries)
-                    in_flight += self._dispatch(report, deliveries)
-                if got == 0 and not services.protocol.long_poll:
-                    self._sleep(min(services.protocol.empty_poll_backoff, max(0.0, deadline - clock())))
+            pending = _Pending(self._pool, self._max_pending)
+            try:
+                self._poll(report, start=start, full_end=full_end, pending=pending)
+            finally:
+                pending.drain(report)  # every pulled delivery is recorded before the tick returns
+            if self._keeps_liveness() and report.stopped is None:
+                # Close the window with a heartbeat, not before the liveness window's end (the
+                # loop stops a second early): the silence until the next tick's first one is
+                # what the server's offline threshold must cover.
+                live_until = min(full_end, start + self._idle_window(full_end - start))
+                self._sleep(max(0.0, live_until - clock()))
+                self._heartbeat(report, state="ready", force=True)
         report.duration = clock() - start
         log.info("tick done", extra={"tick": report.as_dict()})
         return report
+
+    def _poll(self, report: TickReport, *, start: float, full_end: float, pending: _Pending) -> None:
+        """Pull, record and dispatch until the window is over: the poll window while pulls
+        return work (or capacity is full), the liveness mode's idle window otherwise."""
+        services, settings, store = self.services, self.services.settings, self.services.store
+        clock = services.clock
+        limit = self._capacity_limit()
+        in_flight = store.count_in_flight(services.protocol_name, services.instance)
+        handlers = services.handler_names()
+        busy_until = start + self._idle_window(full_end - start)
+        backoff = EmptyPollBackoff(settings.poll_backoff_seconds,
+                                   settings.poll_backoff_max_seconds or services.protocol.empty_poll_backoff)
+        rounds = 0
+        while report.stopped is None:
+            end = min(full_end, busy_until)
+            # Stop when less than a second is left: a pull then could outlast the window. The
+            # first round of pulls is always made (the while-work mode's one poll).
+            if rounds and end - clock() < 1.0:
+                break
+            rounds += 1
+            if self._heartbeat(report, state="ready"):
+                control = store.get_control(services.protocol_name, services.instance)
+                if control.get("stopped") or control.get("draining"):
+                    report.stopped = "stopped" if control.get("stopped") else "draining"
+                    break
+            in_flight -= pending.harvest(report)
+            if limit - in_flight <= 0:
+                # Re-count once every pulled delivery is in the ledger: executors finish
+                # during the window.
+                pending.drain(report)
+                in_flight = store.count_in_flight(services.protocol_name, services.instance)
+                if limit - in_flight <= 0:
+                    report.full_waits += 1
+                    busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)  # work exists
+                    self._wait_for_capacity(min(1.0, max(0.0, end - clock())))
+                continue
+            got, full = 0, False
+            for name in self._in_turn(handlers):
+                room = min(settings.batch_size, limit - in_flight)
+                if room <= 0 or (rounds > 1 and clock() >= end):
+                    break
+                self._next_handler = (handlers.index(name) + 1) % len(handlers)
+                deliveries = self._pull_backlog(report, name, room, end, len(handlers))
+                got += len(deliveries)
+                full = full or len(deliveries) >= room
+                in_flight += pending.submit(self._record_and_dispatch, deliveries, report)
+            if got:
+                backoff.reset()
+                busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)
+            if services.protocol.long_poll or full:
+                continue  # a long poll waits server-side; a full pull means more is waiting
+            # Nothing, or less than asked: the queue is empty now. Wait the first step after
+            # work, doubling while pulls stay empty.
+            self._sleep(min(backoff.next_wait(), max(0.0, end - clock())))
 
     # -- pieces -----------------------------------------------------------------
     def _in_turn(self, handlers: list[str]) -> list[str]:
@@ -163,7 +210,12 @@ class Scheduler:
         session = services.keeper.session
         interval = session.heartbeat_interval if session is not None else 15.0
         self._next_heartbeat = now + interval
-        counters = services.store.read_counters(services.protocol_name, services.instance) if force else {}
+        # Counts are batched per container (runtime.counters): write this container's when
+        # due; read the stored totals once per tick and repeat them in the beats between.
+        services.counters.flush_if_due()
+        if force:
+            self._counted = services.counters.read()
+        counters = getattr(self, "_counted", {})
         status = WorkerStatus(state=state, processed=int(counters.get("processed", 0)),
                               failed=int(counters.get("failed", 0)),
                               in_flight=0, uptime_seconds=time.time() - self._started)
@@ -187,20 +239,21 @@ class Scheduler:
             wait = max(1.0, min(settings.wait_seconds_long_poll, left - 0.5, until_heartbeat) / handlers)
         request = PullRequest(handler=handler, max_items=room, wait_seconds=wait,
                               criteria=self._criteria(handler))
-        report.pulls += 1
+        with self._report_lock:  # parallel claims report from several threads
+            report.pulls += 1
         try:
             deliveries = services.call(lambda p: p.pull(request))
         except RateLimitedError as err:
             self._sleep(min(err.retry_after or 1.0, max(0.0, left)))
             return []
         except ServerUnavailableError as err:
-            report.errors.append(f"pull: {err}")
+            self._note_error(report, f"pull: {err}")
             self._sleep(min(2.0, max(0.0, left)))
             return []
         except (InvalidApiKeyError, ForbiddenError, BadRequestError, NotFoundError,
                 ConfigurationError) as err:
             # Configuration is wrong: pulling again this tick cannot succeed.
-            report.errors.append(f"pull: {err}")
+            self._note_error(report, f"pull: {err}")
             report.stopped = f"configuration: {type(err).__name__}"
             services.events.add("worker.pull_rejected", str(err), level="ERROR")
             log.error("pull rejected, ending tick: %s", err)
@@ -208,22 +261,52 @@ class Scheduler:
         except ProtocolError as err:
             # A garbage, truncated or oversized answer: the server misbehaves. Back off as
             # for a 5xx; the tick goes on and ends on time.
-            report.errors.append(f"pull: {err}")
+            self._note_error(report, f"pull: {err}")
             log.warning("pull answer unusable: %s", err)
             self._sleep(min(2.0, max(0.0, left)))
             return []
-        report.pulled += len(deliveries)
+        with self._report_lock:
+            report.pulled += len(deliveries)
         return deliveries
 
-    def _dispatch(self, report: TickReport, deliveries: list[Delivery]) -> int:
-        """Record then dispatch each delivery; returns how many are now in flight."""
-        if not deliveries:
-            return 0
-        results = list(self._pool.map(self._record_and_dispatch, deliveries))
-        report.dispatched += sum(1 for r in results if r == "dispatched")
-        report.duplicates += sum(1 for r in results if r == "duplicate")
-        report.dispatch_failed += sum(1 for r in results if r == "failed")
-        return sum(1 for r in results if r in ("dispatched", "failed_in_flight"))
+    def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
+                      handlers: int) -> list[Delivery]:
+        """One pull; several at once, sharing ``room``, where a call takes one item
+        (``protocol.parallel_pulls``) and the handler's last pull came back full. An idle
+        queue thus sees one call at a time, a backlog several."""
+        calls = min(self.services.protocol.parallel_pulls, room) if handler in self._backlog else 1
+        if calls <= 1:
+            deliveries = self._pull(report, handler, room, deadline, handlers)
+        else:
+            if self._pull_pool is None:
+                self._pull_pool = ThreadPoolExecutor(max_workers=self.services.protocol.parallel_pulls,
+                                                     thread_name_prefix="pull")
+            shares = [room // calls + (1 if index < room % calls else 0) for index in range(calls)]
+            futures = [self._pull_pool.submit(self._pull, report, handler, share, deadline, handlers)
+                       for share in shares]
+            deliveries = [delivery for future in futures for delivery in future.result()]
+        if len(deliveries) >= room:
+            self._backlog.add(handler)
+        else:
+            self._backlog.discard(handler)
+        return deliveries
+
+    def _note_error(self, report: TickReport, error: str) -> None:
+        with self._report_lock:
+            report.errors.append(error)
+
+    def _idle_window(self, window: float) -> float:
+        """How long this tick stays without work (``runtime/polling.py``)."""
+        settings = self.services.settings
+        session = self.services.keeper.session if self.services.protocol.needs_session else None
+        return idle_window(settings.liveness, window=window, schedule_seconds=settings.schedule_seconds,
+                           heartbeat_interval=session.heartbeat_interval if session is not None else None,
+                           offline_after=session.offline_after if session is not None else None)
+
+    def _keeps_liveness(self) -> bool:
+        """Continuous liveness on a protocol with a session: ticks end with a heartbeat."""
+        return (self.services.settings.liveness == "continuous" and self.services.protocol.needs_session
+                and self.services.keeper.session is not None)
 
     def _record_and_dispatch(self, delivery: Delivery) -> str:
         services, settings = self.services, self.services.settings
@@ -285,3 +368,65 @@ class Scheduler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self._pull_pool is not None:
+            self._pull_pool.shutdown(wait=True)
+
+
+class _Pending:
+    """Deliveries being recorded and dispatched on the pool while the tick pulls on.
+
+    Each is counted in flight from :meth:`submit` until :meth:`harvest` finds it was a
+    duplicate or a failed dispatch; :meth:`drain` waits for all and re-raises the first
+    error one raised (a state-store failure fails the tick, as a serial tick would).
+    """
+
+    _IN_FLIGHT = frozenset({"dispatched", "failed_in_flight"})
+
+    def __init__(self, pool: ThreadPoolExecutor, bound: int) -> None:
+        self._pool = pool
+        self._bound = max(1, bound)
+        self._futures: list[Future[str]] = []
+        self._freed = 0
+        self._error: BaseException | None = None
+
+    def submit(self, fn: Callable[[Delivery], str], deliveries: list[Delivery], report: TickReport) -> int:
+        """Queue each delivery, waiting while ``bound`` are queued; returns how many were
+        queued (each counts in flight from now)."""
+        for delivery in deliveries:
+            while len(self._futures) >= self._bound:
+                wait(self._futures, return_when=FIRST_COMPLETED)
+                self._collect(report)
+            self._futures.append(self._pool.submit(fn, delivery))
+        return len(deliveries)
+
+    def harvest(self, report: TickReport) -> int:
+        """Account for the finished ones; returns how many turned out not to be in flight."""
+        self._collect(report)
+        freed, self._freed = self._freed, 0
+        return freed
+
+    def drain(self, report: TickReport) -> int:
+        """Wait for every queued delivery, then :meth:`harvest`."""
+        wait(self._futures)
+        freed = self.harvest(report)
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return freed
+
+    def _collect(self, report: TickReport) -> None:
+        done = [future for future in self._futures if future.done()]
+        if not done:
+            return
+        finished = set(done)
+        self._futures = [future for future in self._futures if future not in finished]
+        for future in done:
+            error = future.exception()
+            if error is not None:
+                self._error = self._error or error
+                continue
+            result = future.result()
+            report.dispatched += int(result == "dispatched")
+            report.duplicates += int(result == "duplicate")
+            report.dispatch_failed += int(result == "failed")
+            self._freed += int(result not in self._IN_FLIGHT)

@@ -1,0 +1,184 @@
+"""How a tick polls: the back-off after empty pulls (Priostack, claim queue), the liveness
+modes (how long a tick without work stays), and the pipelined record-and-dispatch with
+parallel claims, through moto running the real functions against the sandboxes.
+
+The scheduler is built on the stack's own services with a ``sleep`` that notes each wait
+it asks for (and really waits), so a test reads the waits the tick chose.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from e2e_support import HANDLERS_PATH, PROTOCOLS, done, in_flight, ledger, unsettled_peak, wait_for
+
+from serverless_worker.runtime.context import LocalContext
+from serverless_worker.runtime.scheduler import Scheduler, TickReport
+from serverless_worker.state import LedgerStatus
+
+pytestmark = pytest.mark.aws
+
+_PULL_LABEL = {"pipelogiq": "pull", "priostack": "activate", "claimqueue": "claim"}
+_NO_LONG_POLL = ("priostack", "claimqueue")
+
+
+class Sleeps:
+    """The scheduler's ``sleep``: notes (wall time, seconds) and waits."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float]] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append((time.time(), seconds))
+        time.sleep(seconds)
+
+    @property
+    def waits(self) -> list[float]:
+        return [seconds for _, seconds in self.calls]
+
+
+def _tick(env: Any, window: float, sleeps: Sleeps | None = None) -> TickReport:
+    scheduler = Scheduler(env.stack.services(), sleep=sleeps or Sleeps())
+    try:
+        return scheduler.tick(LocalContext("scheduler", timeout_seconds=120), window=window)
+    finally:
+        scheduler.close()
+
+
+def _pull_calls(env: Any) -> int:
+    return int(env.admin.stats()["calls"].get(_PULL_LABEL[env.protocol], 0))
+
+
+def _taken_at(protocol: str, job: dict[str, Any]) -> float:
+    """When the sandbox handed the job out."""
+    if protocol == "priostack":
+        return float(job["activations"][0]["at"])
+    return float(next(h["at"] for h in job["history"] if h["event"] == "claim"))
+
+
+# -- back-off after empty pulls -------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", _NO_LONG_POLL)
+def test_empty_pulls_back_off_from_a_short_wait_to_the_maximum(worker_env: Any, protocol: str) -> None:
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"poll_backoff_seconds": 0.1, "poll_backoff_max_seconds": 0.4})
+    sleeps = Sleeps()
+
+    report = _tick(env, 3.0, sleeps)
+
+    waits = sleeps.waits
+    assert report.pulled == 0 and not report.errors, report
+    assert report.pulls == len(waits) == _pull_calls(env)  # one wait after each empty pull
+    # Each wait in the upper half of its step: 0.1, 0.2, 0.4, then 0.4 (the last one is cut
+    # short by the window's end).
+    steps = [0.1, 0.2, 0.4] + [0.4] * (len(waits) - 3)
+    assert len(waits) >= 5, waits
+    for wait, step in zip(waits[:-1], steps, strict=False):
+        assert step / 2 <= wait <= step, waits
+
+
+@pytest.mark.parametrize("protocol", _NO_LONG_POLL)
+def test_pulls_again_at_once_while_pulls_return_work(worker_env: Any, recorder: Any, protocol: str) -> None:
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"batch_size": 4, "liveness": "while-work"})
+    env.seed("e2e.echo", [{"n": i} for i in range(12)])
+    sleeps = Sleeps()
+
+    report = _tick(env, 3.0, sleeps)
+
+    assert report.pulled == report.dispatched == 12 and not report.errors, report
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 12 jobs done")
+    last_taken = max(_taken_at(protocol, job) for job in env.admin.jobs())
+    # Three batches (and more claims) one after another: no wait before the last job was taken.
+    assert sleeps.calls and all(at >= last_taken for at, _ in sleeps.calls), (sleeps.calls, last_taken)
+    assert sleeps.waits[0] <= env.stack.services().settings.poll_backoff_seconds
+    runs = recorder.counts()
+    assert len(runs) == 12 and set(runs.values()) == {1}  # each job ran once
+    assert len(ledger(env)) == 12 and in_flight(env) == 0
+
+
+@pytest.mark.parametrize("protocol", _NO_LONG_POLL)
+def test_a_pull_that_comes_back_short_is_followed_by_a_wait(worker_env: Any, protocol: str) -> None:
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"batch_size": 4, "poll_backoff_seconds": 0.2, "poll_backoff_max_seconds": 0.4})
+    env.seed("e2e.echo", [{"n": i} for i in range(3)])  # fewer than a batch: the queue is then empty
+    sleeps = Sleeps()
+
+    report = _tick(env, 2.0, sleeps)
+
+    assert report.pulled == report.dispatched == 3 and not report.errors, report
+    # Every pull, the one that got the three jobs included, is followed by a wait: no pull
+    # goes out at once to an empty queue.
+    assert report.pulls == len(sleeps.calls) >= 2, (report, sleeps.waits)
+    assert 0.1 <= sleeps.waits[0] <= 0.2, sleeps.waits  # the first step after work
+    env.stack.wait_idle(30)
+
+
+# -- liveness modes -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_while_work_tick_without_work_polls_once(worker_env: Any, protocol: str) -> None:
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"liveness": "while-work"})
+
+    report = _tick(env, 20.0)
+
+    assert (report.pulls, report.heartbeats, report.pulled) == (1, 1, 0), report
+    assert _pull_calls(env) == 1
+    if protocol == "pipelogiq":  # the one heartbeat, then the one (long) poll ends the tick
+        labels = [r["label"] for r in env.admin._call("GET", "pipelogiq")["requests"]]
+        assert labels[-2:] == ["heartbeat", "pull"], labels
+
+
+def test_continuous_liveness_heartbeats_until_the_gap_is_safe_then_closes_with_one(worker_env: Any) -> None:
+    # Heartbeats every second, offline after 3 s of silence, a tick every 2 s: the idle window
+    # is 2 - 3 + 4 s margin = 3 s, of a 20 s poll window.
+    env = worker_env("pipelogiq", handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     sandbox={"heartbeat_interval": 1, "offline_after": 3},
+                     settings={"liveness": "continuous", "schedule_seconds": 2})
+
+    report = _tick(env, 20.0)
+
+    overview = env.admin._call("GET", "pipelogiq")
+    labels = [r["label"] for r in overview["requests"]]
+    beats = labels.count("heartbeat")
+    assert beats == report.heartbeats and report.pulled == 0 and not report.errors, report
+    assert labels[-1] == "heartbeat", labels           # the window ends with a heartbeat
+    assert 3 <= beats < 10, labels                      # kept up for the idle window, not the 20 s
+    assert not overview["workers"][0]["offline"]
+
+
+def test_continuous_liveness_without_a_heartbeat_polls_once(worker_env: Any) -> None:
+    env = worker_env("claimqueue", handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"liveness": "continuous"})
+
+    report = _tick(env, 20.0)
+
+    assert (report.pulls, report.pulled) == (1, 0) and _pull_calls(env) == 1, report
+
+
+# -- pipelined dispatch and parallel claims ----------------------------------------------------------
+def test_parallel_claims_take_a_backlog_within_capacity_each_item_once(worker_env: Any, recorder: Any) -> None:
+    limit, count = 6, 18
+    env = worker_env("claimqueue", handlers=["e2e.slow"], handler_module=HANDLERS_PATH,
+                     settings={"max_in_flight": limit, "batch_size": 6})
+    env.seed("e2e.slow", [{"sleep": 0.2, "n": i} for i in range(count)])
+
+    reports = []
+    for _ in range(4):
+        reports.append(_tick(env, 3.0))
+        env.stack.wait_idle(30)
+        if all(done("claimqueue", job) for job in env.admin.jobs()):
+            break
+
+    jobs = env.admin.jobs()
+    assert all(done("claimqueue", job) for job in jobs), reports
+    assert sum(r.pulled for r in reports) == sum(r.dispatched for r in reports) == count, reports
+    assert sum(r.full_waits for r in reports) >= 1, reports             # the limit was reached
+    assert unsettled_peak("claimqueue", jobs) <= limit                   # and never passed
+    assert all(job["attempts"] == 1 for job in jobs)                     # no item claimed twice
+    assert recorder.counts() == Counter({str(job["id"]): 1 for job in jobs})
+    items = ledger(env)
+    assert len(items) == count and {item.status for item in items} == {LedgerStatus.ACKNOWLEDGED}
