@@ -204,7 +204,7 @@ class Sandbox(ABC):
         async def admin_faults(request: Request) -> Response:
             if request.method == "DELETE":
                 self.faults.set(FaultPlan())
-            else:
+            elif request.method == "POST":  # GET reads the plan and what fired, unchanged
                 try:
                     self.faults.set(FaultPlan.model_validate(await request.json()))
                 except (ValueError, ValidationError) as err:
