@@ -92,6 +92,14 @@ run: venv ## run the demo worker locally against the built-in sandboxes
 bench: venv ## benchmarks: throughput, calls/job, cold start, latency, cost (BENCH_ARGS=--quick)
 	$(VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
+# 10,000 jobs per protocol through the local runtime at concurrency 32 against sandboxes with 5%
+# random faults; reports jobs lost (exit 1 unless 0), outcomes, re-runs, duplicates, jobs/s and
+# RSS. JSON in bench-results/soak.json. Not a test: tens of minutes. SOAK_ARGS="--jobs 1000 --protocol priostack"
+SOAK_ARGS ?=
+.PHONY: soak
+soak: venv ## soak: 10,000 jobs per protocol, 5% faults, jobs lost must be 0 (SOAK_ARGS=...)
+	$(VENV)/bin/python scripts/soak.py $(SOAK_ARGS)
+
 lint: ruff mypy ## ruff and mypy
 
 ruff: venv ## ruff on everything
