@@ -60,6 +60,30 @@ def _taken_at(protocol: str, job: dict[str, Any]) -> float:
 
 
 # -- back-off after empty pulls -------------------------------------------------------------------
+def test_priostack_waits_for_a_batch_of_room_instead_of_activating_a_few_jobs_per_call(
+        worker_env: Any, recorder: Any) -> None:
+    """At capacity, executors free one slot at a time: activating as soon as one slot is free
+    would spend an activate call per job or two. One call hands out a whole batch, so the
+    tick waits (briefly) for a batch's worth of room."""
+    jobs, batch = 24, 4
+    env = worker_env("priostack", handlers=["e2e.slow"], handler_module=HANDLERS_PATH,
+                     settings={"batch_size": batch, "max_in_flight": batch, "liveness": "while-work"})
+    # Runs of 0.3 to 1.5 s: a one-second wait at capacity frees only part of the room.
+    env.seed("e2e.slow", [{"sleep": 0.3 + 0.4 * (i % batch), "n": i} for i in range(jobs)])
+
+    report = _tick(env, 15.0)
+
+    assert report.pulled == report.dispatched == jobs and not report.errors, report
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done("priostack", job) for job in env.admin.jobs()), 10, f"all {jobs} jobs done")
+    # Every activate that handed out jobs handed out a whole batch (the jobs one call hands
+    # out share its time); the others are the empty polls that end the tick.
+    calls = Counter(_taken_at("priostack", job) for job in env.admin.jobs())
+    assert sorted(calls.values()) == [batch] * (jobs // batch), calls
+    assert unsettled_peak("priostack", env.admin.jobs()) <= batch
+    assert set(recorder.counts().values()) == {1} and in_flight(env) == 0
+
+
 @pytest.mark.parametrize("protocol", _NO_LONG_POLL)
 def test_empty_pulls_back_off_from_a_short_wait_to_the_maximum(worker_env: Any, protocol: str) -> None:
     env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
@@ -115,6 +139,42 @@ def test_a_pull_that_comes_back_short_is_followed_by_a_wait(worker_env: Any, pro
     assert report.pulls == len(sleeps.calls) >= 2, (report, sleeps.waits)
     assert 0.1 <= sleeps.waits[0] <= 0.2, sleeps.waits  # the first step after work
     env.stack.wait_idle(30)
+
+
+def test_a_busy_queue_is_pulled_at_full_speed_beside_empty_long_poll_queues(worker_env: Any,
+                                                                          recorder: Any) -> None:
+    """Pipelogiq, 1 busy + 3 empty handlers: while the busy queue has work the empty ones are
+    asked with waitSeconds 0, so its jobs come in one batch per round, not one per 3 s of
+    empty long polls; once everything is empty, the rounds long-poll again (no busy loop)."""
+    jobs, batch = 16, 4
+    env = worker_env("pipelogiq", handlers=["e2e.echo", "e2e.reject", "e2e.boom", "e2e.validated"],
+                     handler_module=HANDLERS_PATH,
+                     settings={"batch_size": batch, "max_in_flight": jobs, "liveness": "while-work"})
+    env.seed("e2e.echo", [{"n": i} for i in range(jobs)])
+
+    report = _tick(env, 6.0)
+
+    assert report.pulled == report.dispatched == jobs and not report.errors, report
+    pulls = env.admin._call("GET", "pipelogiq")["pulls"]
+    busy = {p["queue"] for p in pulls if p["status"] == 200}
+    assert len(busy) == 1 and sum(p["status"] == 200 for p in pulls) == jobs, pulls
+    last = max(i for i, p in enumerate(pulls) if p["status"] == 200)
+    before, after = pulls[:last], pulls[last + 1:]
+    # Long polls before the last job was taken: at most the first round's, before any work.
+    long_polls = [p for p in before if p["waitSeconds"] > 0]
+    assert len(long_polls) <= 3, before
+    # Every round took a batch: each busy-queue request other than the first began with a
+    # peek (waitSeconds 0) or found work, so the jobs came in about jobs/batch requests.
+    empty_peeks = [p for p in before if p["status"] == 204 and p["waitSeconds"] == 0 and p["queue"] not in busy]
+    assert len(empty_peeks) >= 3 * (jobs // batch - 1), before
+    # Once all queues came back empty, at most one round of peeks, then long polls only.
+    zero_after = [p for p in after if p["waitSeconds"] == 0]
+    assert len(zero_after) <= 4, after
+    assert any(p["waitSeconds"] >= 1 for p in after), after
+    assert after and all(p["status"] == 204 for p in after), after
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done("pipelogiq", job) for job in env.admin.jobs()), 10, "all jobs done")
+    assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == jobs
 
 
 # -- liveness modes -----------------------------------------------------------------------------------

@@ -169,6 +169,7 @@ class WorkerProtocol(ABC):
     long_poll: ClassVar[bool] = False          # pull waits server-side for work (no idle sleep needed)
     empty_poll_backoff: ClassVar[float] = 1.0  # longest wait between empty pulls when not long-polling
     parallel_pulls: ClassVar[int] = 1          # pull calls at once while a backlog lasts (one item per call)
+    batch_pull: ClassVar[bool] = False         # one pull call hands out up to a whole batch
     max_events_per_batch: ClassVar[int] = 200
 
     # -- session -------------------------------------------------------------

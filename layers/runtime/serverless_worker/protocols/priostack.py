@@ -121,6 +121,7 @@ class PriostackClient(WorkerProtocol):
     has_lease: ClassVar[bool] = False
     # Activation answers at once; the documents say to sleep 1 to 5 s after an empty poll.
     long_poll: ClassVar[bool] = False
+    batch_pull: ClassVar[bool] = True  # activate hands out up to maxJobsToActivate
     empty_poll_backoff: ClassVar[float] = 5.0  # "sleep 1 to 5 seconds before the next poll": at most 5
 
     def __init__(

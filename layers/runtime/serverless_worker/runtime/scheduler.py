@@ -40,6 +40,8 @@ from .settle import hand_back, handback_epoch
 __all__ = ["TickReport", "Scheduler"]
 
 log = logging.getLogger("serverless_worker.scheduler")
+# How long a tick waits for a batch's worth of room when only a few slots are free.
+PARTIAL_ROOM_WAIT_SECONDS = 0.05
 
 SAFETY_SECONDS = 5.0  # end the window this long before Lambda's own timeout
 
@@ -133,12 +135,15 @@ class Scheduler:
         services, settings, store = self.services, self.services.settings, self.services.store
         clock = services.clock
         limit = self._capacity_limit()
+        # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
+        want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
         in_flight = store.count_in_flight(services.protocol_name, services.instance)
         handlers = services.handler_names()
         busy_until = start + self._idle_window(full_end - start)
         backoff = EmptyPollBackoff(settings.poll_backoff_seconds,
                                    settings.poll_backoff_max_seconds or services.protocol.empty_poll_backoff)
         rounds = 0
+        worked = False  # the last round's pulls returned work (see _pull's ``hurry``)
         while report.stopped is None:
             end = min(full_end, busy_until)
             # Stop when less than a second is left: a pull then could outlast the window. The
@@ -152,15 +157,19 @@ class Scheduler:
                     report.stopped = "stopped" if control.get("stopped") else "draining"
                     break
             in_flight -= pending.harvest(report)
-            if limit - in_flight <= 0:
+            if limit - in_flight < want:
                 # Re-count once every pulled delivery is in the ledger: executors finish
                 # during the window.
                 pending.drain(report)
                 in_flight = store.count_in_flight(services.protocol_name, services.instance)
-                if limit - in_flight <= 0:
+                if limit - in_flight < want:
                     report.full_waits += 1
                     busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)  # work exists
-                    self._wait_for_capacity(min(1.0, max(0.0, end - clock())))
+                    # Nothing free: wait for an executor. A few slots free where one call
+                    # hands out a whole batch: wait briefly for a batch's worth rather than
+                    # spend a call on every few jobs.
+                    pause = 1.0 if limit - in_flight <= 0 else PARTIAL_ROOM_WAIT_SECONDS
+                    self._wait_for_capacity(min(pause, max(0.0, end - clock())))
                 continue
             got, full = 0, False
             for name in self._in_turn(handlers):
@@ -168,10 +177,16 @@ class Scheduler:
                 if room <= 0 or (rounds > 1 and clock() >= end):
                     break
                 self._next_handler = (handlers.index(name) + 1) % len(handlers)
-                deliveries = self._pull_backlog(report, name, room, end, len(handlers))
+                # While any queue has work, the others are only peeked at (no long poll):
+                # a second's wait per empty queue per round would starve the busy one.
+                deliveries = self._pull_backlog(report, name, room, end, len(handlers),
+                                                hurry=worked or got > 0)
                 got += len(deliveries)
                 full = full or len(deliveries) >= room
                 in_flight += pending.submit(self._record_and_dispatch, deliveries, report)
+            # An all-empty round makes the next one long-poll (never a busy loop); a lone
+            # handler has no other queue to starve, so it always long-polls.
+            worked = got > 0 and len(handlers) > 1
             if got:
                 backoff.reset()
                 busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)
@@ -227,12 +242,15 @@ class Scheduler:
             log.warning("heartbeat failed: %s", err)
         return True
 
-    def _pull(self, report: TickReport, handler: str, room: int, deadline: float, handlers: int) -> list[Delivery]:
+    def _pull(self, report: TickReport, handler: str, room: int, deadline: float, handlers: int,
+              hurry: bool = False) -> list[Delivery]:
+        """One pull; a long poll (on a protocol that has them) unless ``hurry``: another
+        queue has work, so this one is asked only for what is already waiting."""
         services = self.services
         settings = services.settings
         left = deadline - services.clock()
         wait = 0.0
-        if services.protocol.long_poll:
+        if services.protocol.long_poll and not hurry:
             # Whole seconds (the server's unit); at least one, so a short remainder never
             # turns the long poll into a busy loop. A heartbeat may then be a second late.
             until_heartbeat = self._next_heartbeat - services.clock()
@@ -270,19 +288,19 @@ class Scheduler:
         return deliveries
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
-                      handlers: int) -> list[Delivery]:
+                      handlers: int, *, hurry: bool = False) -> list[Delivery]:
         """One pull; several at once, sharing ``room``, where a call takes one item
         (``protocol.parallel_pulls``) and the handler's last pull came back full. An idle
         queue thus sees one call at a time, a backlog several."""
         calls = min(self.services.protocol.parallel_pulls, room) if handler in self._backlog else 1
         if calls <= 1:
-            deliveries = self._pull(report, handler, room, deadline, handlers)
+            deliveries = self._pull(report, handler, room, deadline, handlers, hurry)
         else:
             if self._pull_pool is None:
                 self._pull_pool = ThreadPoolExecutor(max_workers=self.services.protocol.parallel_pulls,
                                                      thread_name_prefix="pull")
             shares = [room // calls + (1 if index < room % calls else 0) for index in range(calls)]
-            futures = [self._pull_pool.submit(self._pull, report, handler, share, deadline, handlers)
+            futures = [self._pull_pool.submit(self._pull, report, handler, share, deadline, handlers, hurry)
                        for share in shares]
             deliveries = [delivery for future in futures for delivery in future.result()]
         if len(deliveries) >= room:
