@@ -204,7 +204,7 @@ def settings_for(protocol: str, url: str, key: str, args: argparse.Namespace) ->
 
 
 def run_passes(protocol: str, settings: Any, admin: Any, server_url: str, jobs: int, progress: Any,
-               task: Any, runs: _Runs) -> dict[str, Any]:
+               task: Any, runs: _Runs, retention: int | None = None) -> dict[str, Any]:
     """Local runner passes until every job is final, or a pass finished no job; Priostack
     restarts between passes to free jobs stranded by lost activation answers."""
     import requests
@@ -245,7 +245,8 @@ def run_passes(protocol: str, settings: Any, admin: Any, server_url: str, jobs: 
         for _ in range(MAX_PASSES):
             facts["passes"] += 1
             with open(os.devnull, "w") as sink:
-                runner = Runner(settings, own_sandbox=False, console=Console(file=sink), live=False)
+                extra = {"ledger_retention_seconds": retention} if retention else {}
+                runner = Runner(settings, own_sandbox=False, console=Console(file=sink), live=False, **extra)
                 facts["exit_statuses"].append(runner.run())
             summary = runner.summary
             if summary is not None:
@@ -336,7 +337,7 @@ def soak_protocol(protocol: str, args: argparse.Namespace, progress: Any) -> dic
         task = progress.add_task(f"{protocol}", total=args.jobs)
         started = time.monotonic()
         facts = run_passes(protocol, settings_for(protocol, server.url, key, args), admin, server.url,
-                           args.jobs, progress, task, runs)
+                           args.jobs, progress, task, runs, retention=args.ledger_retention)
         seconds = time.monotonic() - started
         progress.update(task, completed=args.jobs)
         jobs = {job_id(protocol, job): job for job in admin.jobs()}
@@ -406,6 +407,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--until-idle", type=float, default=20.0,
                         help="a pass ends after this long without a new job (above the sandbox's 10-15 s "
                              "visibility and lease timeouts, so lost answers come back first)")
+    parser.add_argument("--ledger-retention", type=int, default=None,
+                        help="seconds a settled ledger item stays in the embedded table before the TTL "
+                             "sweep deletes it (default: the local runner's, 600); short values show "
+                             "the memory plateau within a short soak")
     parser.add_argument("--out", type=Path, default=Path("bench-results/soak.json"), help="JSON results")
     args = parser.parse_args(argv)
     if not 0 <= args.fault_rate <= 1:

@@ -129,6 +129,41 @@ def _unsorted_scan_in_queries(stack: ExitStack) -> None:
     stack.enter_context(mock.patch.object(Table, "query", plain_query))
 
 
+class _Untracked(list):  # type: ignore[type-arg]
+    """A model's ``instances_tracked`` that keeps nothing."""
+
+    def append(self, _: Any) -> None:
+        return None
+
+
+def _untracked_items(stack: ExitStack) -> None:
+    """moto's ``BaseModel.__new__`` appends every model instance to a class-level list that
+    only its ``/moto-api/data.json`` view reads, and never empties it. DynamoDB builds
+    several ``Item`` copies per request (the stored item, deep copies for conditions, scans
+    and old values), so every request was kept for good: most of the local runner's
+    ~26 KB per job. Items are not tracked in this process while the embedded server runs."""
+    from moto.dynamodb.models.dynamo_type import Item
+
+    stack.enter_context(mock.patch.object(Item, "instances_tracked", _Untracked()))
+
+
+def _drop_empty_partitions(stack: ExitStack) -> None:
+    """moto keeps a table's items as ``{hash key: {range key: item}}`` and leaves the empty
+    inner dict behind when the last item of a partition is deleted; every ledger item has a
+    partition of its own, so each swept item would leave its key behind."""
+    from moto.dynamodb.models.table import Table
+
+    delete_item = Table.delete_item
+
+    def delete_dropping_empty(self: Table, hash_key: Any, range_key: Any) -> Any:
+        item = delete_item(self, hash_key, range_key)
+        if range_key and not self.items.get(hash_key, True):
+            self.items.pop(hash_key, None)
+        return item
+
+    stack.enter_context(mock.patch.object(Table, "delete_item", delete_dropping_empty))
+
+
 def _moto_config(stack: ExitStack) -> None:
     """Lambda without Docker (the invoke patch runs the code) and a real ASL interpreter."""
     from moto.core.config import default_user_config
@@ -188,6 +223,8 @@ class EmbeddedAws:
             _moto_config(stack)
             _cache_module_list(stack)
             _unsorted_scan_in_queries(stack)
+            _untracked_items(stack)
+            _drop_empty_partitions(stack)
             serialize_dynamodb(stack)
             aws = cls(server=server, stack=stack, template=path, pool_size=pool_size)
 
@@ -254,4 +291,9 @@ class EmbeddedAws:
             from .moto_sfn import abort_running_executions
 
             abort_running_executions(timeout=2.0)
+        if self.table_name:  # moto's backends are process-wide: the next run in this process starts empty
+            try:
+                self.dynamodb.delete_table(TableName=self.table_name)
+            except Exception as err:  # closing goes on; only memory is at stake
+                log.warning("embedded table not deleted: %s", type(err).__name__)
         self._stack.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEMO_DEFAULTS", "LOCAL_DEFAULTS"]
+__all__ = ["DEMO_DEFAULTS", "LOCAL_DEFAULTS", "LOCAL_LEDGER_RETENTION_SECONDS", "TTL_SWEEP_SECONDS"]
 
 # A laptop or a plain VM: a bounded executor pool, a distinct worker name (a local worker
 # must not replace the deployed stack's Pipelogiq session), long polls short enough that
@@ -30,3 +30,12 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "wait_seconds_long_poll": 2,
     "lease_renew_seconds": 2,
 }
+
+# How long a settled ledger item stays in the embedded table (the stack keeps seven days):
+# long enough to recognise a redelivery of a job settled minutes ago (visibility timeouts,
+# lost answers) within a local run, short enough that a run of days stays bounded in memory.
+# The summary counts the deliveries still in the ledger, so a run longer than this sees the
+# last ten minutes' jobs there (the status line counts all of them).
+LOCAL_LEDGER_RETENTION_SECONDS = 600
+# How often expired items are deleted (moto never does; local/ttl.py emulates DynamoDB TTL).
+TTL_SWEEP_SECONDS = 60.0

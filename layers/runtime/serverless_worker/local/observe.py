@@ -60,6 +60,12 @@ class RunObserver:
             self.handler_runs += 1
             self.handler_starts.setdefault(ledger_id, now)  # a continued job keeps its first start
 
+    def forget(self, ledger_ids: list[str]) -> None:
+        """Drop the starts of deliveries gone from the ledger (swept), so a long run stays bounded."""
+        with self._lock:
+            for ledger_id in ledger_ids:
+                self.handler_starts.pop(ledger_id, None)
+
     def quiet_for(self) -> float:
         """Seconds since the last arrival (or since the run started)."""
         with self._lock:

@@ -41,6 +41,7 @@ from ..runtime.services import Services
 from ..runtime.steps import run_step
 from ..state import StateStore
 from .aws import EmbeddedAws
+from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
 from .handlers import load_local_handlers
@@ -48,6 +49,7 @@ from .observe import RunObserver, instrument
 from .progress import Progress, Status
 from .project import find_project_root
 from .summary import RunSummary, read_ledger, render_summary, summarize
+from .ttl import TtlSweeper
 
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"]
 
@@ -72,10 +74,16 @@ class _Stop:
 
 
 class LocalRunner:
-    """One local run; ``run()`` returns the process exit status."""
+    """One local run; ``run()`` returns the process exit status.
 
-    def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool) -> None:
+    ``ledger_retention_seconds``: how long settled ledger items stay in the embedded table
+    before the TTL sweep deletes them (see ``defaults.LOCAL_LEDGER_RETENTION_SECONDS``).
+    """
+
+    def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
+                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS) -> None:
         self.settings = settings
+        self.ledger_retention_seconds = ledger_retention_seconds
         self.own_sandbox = own_sandbox
         self.console = console
         self.live = live
@@ -90,6 +98,7 @@ class LocalRunner:
         self._services: Services      # set by _work, before anything reads them
         self._scheduler: Scheduler
         self._tick_timeout = 120.0
+        self._sweeper: TtlSweeper  # set by _build
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -113,6 +122,10 @@ class LocalRunner:
             progress.stop()
             summary = self._summary(services, aws, sandbox, time.monotonic() - started)
             self.console.print(render_summary(summary))
+            if self._sweeper.deleted:
+                self.console.print(f"({self._sweeper.deleted} settled items older than "
+                                   f"{self.ledger_retention_seconds} s were swept from the embedded ledger; "
+                                   "the summary counts the rest)", highlight=False, markup=False)
             status = self._exit_status(summary, forced)
         return status
 
@@ -144,10 +157,14 @@ class LocalRunner:
                                      state_machine_arn=arn, sfn_client=aws.sfn)
         cleanup.callback(dispatcher.close, False)
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
-        services = Services(settings=settings, store=StateStore(aws.table_name, client=aws.dynamodb),
+        store = StateStore(aws.table_name, client=aws.dynamodb, final_retention_seconds=self.ledger_retention_seconds)
+        services = Services(settings=settings, store=store,
                             registry=registry, dispatcher=dispatcher, client_overrides=overrides)
         shared.append(services)
         cleanup.callback(services.close)
+        self._sweeper = TtlSweeper(aws.dynamodb, aws.table_name, on_deleted=self._forget,
+                                   interval=min(TTL_SWEEP_SECONDS, max(1.0, self.ledger_retention_seconds / 2)))
+        cleanup.callback(self._sweeper.start().stop)
         dispatcher.attach(lambda key, context: execute(services, key, context))
         scheduler = Scheduler(services, sleep=self._sleep, dispatch_workers=min(16, concurrency),
                               wait_for_capacity=self._wait_for_capacity)
@@ -177,6 +194,10 @@ class LocalRunner:
         ]
         for line in lines:
             self.console.print(line, highlight=False, markup=False)
+
+    def _forget(self, keys: list[str]) -> None:
+        """Swept ledger items: their handler starts are no longer needed for the summary."""
+        self._observer.forget([key.split("#", 2)[-1] for key in keys if key.startswith("delivery#")])
 
     # -- working and stopping ------------------------------------------------------------
     def _work(self, services: Services, scheduler: Scheduler, dispatcher: LocalDispatcher,

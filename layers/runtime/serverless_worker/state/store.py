@@ -128,16 +128,20 @@ class StateStore:
 
     ``clock`` is the time source for every timestamp and expiry check (tests pass a fake
     one). ``ops`` counts the DynamoDB requests made, as ``"read"`` and ``"write"``.
+    ``final_retention_seconds`` is how long a settled ledger item stays (the local runner
+    keeps them minutes, not the stack's seven days).
     """
 
     def __init__(self, table_name: str, *, client: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 final_retention_seconds: int = FINAL_RETENTION_SECONDS) -> None:
         if not table_name:
             raise ConfigurationError("state table name is empty (set TABLE_NAME)")
         self.table_name = table_name
         # Built on its first request (awsclients): a cold start does not pay for an unused client.
         self._client = client if client is not None else LazyClient("dynamodb", config=_CLIENT_CONFIG)
         self._clock = clock
+        self._final_retention = int(final_retention_seconds)
         self.ops: Counter[str] = Counter()
         self._ops_lock = threading.Lock()
 
@@ -466,7 +470,7 @@ class StateStore:
             update += ", #unknown_to_server = :yes"
         # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
         update += " REMOVE #scope, #deadline, #checkpoint"
-        ttl = int(self._clock()) + FINAL_RETENTION_SECONDS
+        ttl = int(self._clock()) + self._final_retention
         return self._transition(key, update, condition, final=status.value, ttl=ttl, reason=reason,
                                 epoch=epoch, report=report, yes=True)
 
