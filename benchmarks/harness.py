@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -139,14 +140,7 @@ class SandboxProcess:
     def stop(self) -> None:
         if self._proc.poll() is None:
             self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except Exception:
-                self._proc.kill()
-                self._proc.wait(5)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-        self._stderr.close()
+        _reap(self._proc, self._stderr)
         if hasattr(self, "admin"):
             self.admin.close()
 
@@ -220,15 +214,8 @@ class MotoProcess:
     def close(self) -> None:
         if self._proc.poll() is None:
             assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            try:
-                self._proc.wait(10)
-            except Exception:
-                self._proc.kill()
-                self._proc.wait(5)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-        self._stderr.close()
+            self._proc.stdin.close()  # its cue to exit
+        _reap(self._proc, self._stderr)
 
     def __enter__(self) -> MotoProcess:
         return self
@@ -350,3 +337,15 @@ class CallCounter:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counts)
+
+
+def _reap(proc: subprocess.Popen[Any], stderr: Any) -> None:
+    """Wait for a child asked to stop (killing it after 10 s) and close its pipes."""
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    stderr.close()

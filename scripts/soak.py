@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from serverless_worker import BusinessError, Job, handler
+from serverless_worker.sandbox.admin import job_id, server_state
 
 __all__ = ["HANDLER", "RUNS", "SoakJob", "main", "soak_job"]
 
@@ -178,18 +179,6 @@ def fault_rules(protocol: str, rate: float) -> list[dict[str, Any]]:
     return rules
 
 
-def job_id(protocol: str, job: dict[str, Any]) -> str:
-    return str({"pipelogiq": job.get("job_id"), "priostack": job.get("key")}.get(protocol, job.get("id")))
-
-
-def server_state(protocol: str, job: dict[str, Any]) -> str:
-    if protocol == "pipelogiq":
-        return str(job["status"]).lower()
-    if protocol == "priostack":
-        return str(job["state"])
-    if job["status"] == "finished" and isinstance(job.get("result"), dict) and "error" in job["result"]:
-        return "error"
-    return str(job["status"])
 
 
 def settings_for(protocol: str, url: str, key: str, args: argparse.Namespace) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from serverless_worker.sandbox.admin import job_id
 from serverless_worker.state import LedgerItem
 from serverless_worker.state.items import from_item
 
@@ -40,11 +41,6 @@ _SETTLED = ("ack", "requeue", "visibility_requeue")  # Pipelogiq history events 
 
 
 # -- the sandbox's side ------------------------------------------------------------------
-def job_id(protocol: str, job: dict[str, Any]) -> str:
-    """The id the handler sees as ``job.job_id``."""
-    return str({"pipelogiq": job.get("job_id"), "priostack": job.get("key")}.get(protocol, job.get("id")))
-
-
 def jobs_by_id(env: Any) -> dict[str, dict[str, Any]]:
     return {job_id(env.protocol, job): job for job in env.admin.jobs()}
 

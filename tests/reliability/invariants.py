@@ -24,6 +24,7 @@ from typing import Any
 import requests
 
 from aws.e2e_support import in_flight, job_id, ledger
+from serverless_worker.sandbox.admin import server_state
 from serverless_worker.state import LedgerStatus
 
 __all__ = [
@@ -78,14 +79,6 @@ class Observed:
 
 
 # -- reading the sandbox ------------------------------------------------------------------
-def _state(protocol: str, job: dict[str, Any]) -> str:
-    if protocol == "pipelogiq":
-        return str(job["status"]).lower()
-    if protocol == "priostack":
-        return str(job["state"])
-    if job["status"] == "finished" and isinstance(job.get("result"), dict) and "error" in job["result"]:
-        return "error"
-    return str(job["status"])
 
 
 def _applied(protocol: str, job: dict[str, Any]) -> int:
@@ -153,7 +146,7 @@ def observe(env: Any, runs: Mapping[str, int]) -> Observed:
     """Read the sandbox's own history (admin jobs/stats/fault log) and the ledger."""
     protocol = env.protocol
     jobs = {job_id(protocol, job): job for job in env.admin.jobs()}
-    states = {jid: _state(protocol, job) for jid, job in jobs.items()}
+    states = {jid: server_state(protocol, job) for jid, job in jobs.items()}
     unsettled = sorted(jid for jid, job in jobs.items() if protocol == "pipelogiq" and _unsettled(job))
     not_final = sorted({jid for jid, state in states.items() if state not in FINAL_STATES[protocol]}
                        | set(unsettled))

@@ -6,7 +6,24 @@ from typing import Any
 
 import requests
 
-__all__ = ["SandboxAdmin"]
+__all__ = ["SandboxAdmin", "job_id", "server_state"]
+
+
+def job_id(protocol: str, job: dict[str, Any]) -> str:
+    """The id a handler sees as ``job.job_id``, from one of ``SandboxAdmin.jobs()``' records."""
+    return str({"pipelogiq": job.get("job_id"), "priostack": job.get("key")}.get(protocol, job.get("id")))
+
+
+def server_state(protocol: str, job: dict[str, Any]) -> str:
+    """The job's state on the server, one word (a claim-queue item finished with an error
+    result is ``error``): what the reliability checks and the soak count outcomes by."""
+    if protocol == "pipelogiq":
+        return str(job["status"]).lower()
+    if protocol == "priostack":
+        return str(job["state"])
+    if job["status"] == "finished" and isinstance(job.get("result"), dict) and "error" in job["result"]:
+        return "error"
+    return str(job["status"])
 
 
 class SandboxAdmin:
