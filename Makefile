@@ -113,6 +113,7 @@ sam-validate: sam-venv ## sam validate --lint on template.yaml
 
 sam-build: sam-venv ## sam build (the layer and the functions, with the machine's python3.11)
 	$(SAM) build
+	python3.11 scripts/check_bytecode.py .aws-sam/build
 
 # sam build, then `sam local invoke` of every function with each of its events/ files in a
 # Lambda container, checking the outcome (scripts/sam_local_invoke.py says what). Machines

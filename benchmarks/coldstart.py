@@ -21,7 +21,10 @@ invocation does.
 
 Run alone: ``python -m benchmarks.coldstart [--rounds N] [--protocols ...]``; with
 ``--instructions`` it counts CPU instructions under valgrind instead, which a shared machine's
-load does not move.
+load does not move. With ``--built .aws-sam/build`` it measures what ``sam build`` ships, as
+Lambda runs it: each function's code root and the layer's ``python/`` on the path, and no
+bytecode written (Lambda's code directories are read-only), so a module the build left
+without bytecode is compiled in every measured run, as in every real cold start.
 """
 
 from __future__ import annotations
@@ -92,6 +95,23 @@ def probe_environment(protocol: str) -> dict[str, str]:
     return env
 
 
+def _built_environment(protocol: str, built: Path) -> dict[str, str]:
+    """The probe's environment for a ``sam build`` output: its layer, only its own bytecode."""
+    env = probe_environment(protocol)
+    del env["PYTHONPYCACHEPREFIX"]
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(built / "RuntimeLayer" / "python")})
+    return env
+
+
+def _case(fn: str, protocol: str, built: Path | None) -> tuple[list[str], dict[str, str]]:
+    """The probe's command line and environment for one function: from the source tree, or
+    from a ``sam build`` output (``<Function>Function/`` as the code root)."""
+    if built is None:
+        return [sys.executable, "-c", _PROBE, str(ROOT / "functions"), fn], probe_environment(protocol)
+    root = built / f"{fn.capitalize()}Function"
+    return [sys.executable, "-c", _PROBE, str(root), fn], _built_environment(protocol, built)
+
+
 def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
     """Wall time, CPU time (user + system) and the probe's own JSON line of one process."""
     before = os.times()
@@ -106,10 +126,11 @@ def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, dict[str
     return wall, cpu, (json.loads(lines[-1]) if lines else {})
 
 
-def measure_coldstart(rounds: int, cases: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-    """``cases``: (function, protocol) pairs; each one's median next to boto3's."""
+def measure_coldstart(rounds: int, cases: list[tuple[str, str]] | None = None,
+                      built: Path | None = None) -> dict[str, Any]:
+    """``cases``: (function, protocol) pairs; each one's median next to boto3's. ``built``: a
+    ``sam build`` output to measure instead of the source tree."""
     cases = cases or [(fn, "pipelogiq") for fn in FUNCTIONS]
-    functions_dir = str(ROOT / "functions")
     baseline: list[tuple[float, float]] = []
     runs: dict[str, list[tuple[float, float, dict[str, Any]]]] = {f"{fn}/{p}": [] for fn, p in cases}
     env0 = probe_environment("pipelogiq")
@@ -118,10 +139,10 @@ def measure_coldstart(rounds: int, cases: list[tuple[str, str]] | None = None) -
         if round_:
             baseline.append((wall, cpu))
         for fn, protocol in cases:
-            args = [sys.executable, "-c", _PROBE, functions_dir, fn]
-            run = _timed(args, probe_environment(protocol))
+            args, env = _case(fn, protocol, built)
+            run = _timed(args, env)
             if round_:
-                first = _timed([*args, "first-client"], probe_environment(protocol))[2]
+                first = _timed([*args, "first-client"], env)[2]
                 runs[f"{fn}/{protocol}"].append((run[0], run[1], {**run[2], "first_client_s": first["first_client_s"]}))
     boto3 = statistics.median(w for w, _ in baseline)
     boto3_cpu = statistics.median(c for _, c in baseline)
@@ -139,11 +160,12 @@ def measure_coldstart(rounds: int, cases: list[tuple[str, str]] | None = None) -
             "first_client_s": statistics.median(d.get("first_client_s", 0.0) for _, _, d in values),
             "modules": values[-1][2].get("modules"),
         }
-    return {"rounds": rounds, "boto3_import_median_s": boto3, "boto3_cpu_median_s": boto3_cpu,
-            "load_average": "/".join(f"{x:.1f}" for x in os.getloadavg()), "functions": results}
+    return {"rounds": rounds, "built": str(built) if built else None, "boto3_import_median_s": boto3,
+            "boto3_cpu_median_s": boto3_cpu, "load_average": "/".join(f"{x:.1f}" for x in os.getloadavg()),
+            "functions": results}
 
 
-def count_instructions(cases: list[tuple[str, str]]) -> dict[str, Any]:
+def count_instructions(cases: list[tuple[str, str]], built: Path | None = None) -> dict[str, Any]:
     """CPU instructions (valgrind's callgrind ``Ir``) of ``import boto3`` and of each probe, once
     each: slow (a minute a case) but the same on a busy machine, where wall times are not."""
     import re
@@ -156,12 +178,10 @@ def count_instructions(cases: list[tuple[str, str]]) -> dict[str, Any]:
             raise RuntimeError(f"callgrind failed: {done.stderr.strip()[-1500:]}")
         return int(found.group(1))
 
-    functions_dir = str(ROOT / "functions")
     for fn, protocol in cases:  # compile every module's bytecode first, as measure_coldstart does
-        _timed([sys.executable, "-c", _PROBE, functions_dir, fn], probe_environment(protocol))
+        _timed(*_case(fn, protocol, built))
     boto3 = instructions([sys.executable, "-c", _BASELINE], probe_environment("pipelogiq"))
-    counts = {f"{fn}/{p}": instructions([sys.executable, "-c", _PROBE, functions_dir, fn], probe_environment(p))
-              for fn, p in cases}
+    counts = {f"{fn}/{p}": instructions(*_case(fn, p, built)) for fn, p in cases}
     return {"boto3_instructions": boto3,
             "functions": {key: {"instructions": n, "ratio_to_boto3": n / boto3} for key, n in counts.items()}}
 
@@ -173,15 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=["pipelogiq"])
     parser.add_argument("--instructions", action="store_true",
                         help="count CPU instructions under valgrind instead of timing (one run per case)")
+    parser.add_argument("--built", type=Path, metavar="DIR",
+                        help="measure a `sam build` output (e.g. .aws-sam/build) as Lambda runs it")
     args = parser.parse_args(argv)
+    if args.built and not (args.built / "RuntimeLayer" / "python").is_dir():
+        parser.error(f"{args.built} is not a `sam build` output (no RuntimeLayer/python); run `make sam-build`")
     if args.instructions:
-        counted = count_instructions([(fn, p) for fn in args.functions for p in args.protocols])
+        counted = count_instructions([(fn, p) for fn in args.functions for p in args.protocols], args.built)
         print(f"python -c 'import boto3': {counted['boto3_instructions'] / 1e6:.0f} M instructions")
         for key, f in counted["functions"].items():
             print(f"{key:24} {f['instructions'] / 1e6:6.0f} M  {f['ratio_to_boto3']:.2f}")
         return 0
-    result = measure_coldstart(args.rounds, [(fn, p) for fn in args.functions for p in args.protocols])
-    print(f"{args.rounds} rounds, load average {result['load_average']}; python -c 'import boto3': "
+    result = measure_coldstart(args.rounds, [(fn, p) for fn in args.functions for p in args.protocols],
+                               built=args.built)
+    built = f"built by sam: {args.built}; " if args.built else ""
+    print(f"{built}{args.rounds} rounds, load average {result['load_average']}; python -c 'import boto3': "
           f"{result['boto3_import_median_s']:.3f} s wall, {result['boto3_cpu_median_s']:.3f} s CPU")
     print(f"{'function/protocol':24} {'wall s':>7} {'ratio':>6} {'CPU s':>6} {'ratio':>6} {'import':>7} "
           f"{'build':>6} {'1st client':>10} {'modules':>7}")

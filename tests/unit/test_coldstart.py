@@ -77,3 +77,29 @@ def test_only_the_configured_protocol_is_imported(protocol: str) -> None:
 
     assert seen["loaded"] == []
     assert seen["protocol_modules"] == [f"serverless_worker.protocols.{protocol}"]
+
+
+def test_the_benchmark_measures_a_sam_build_output_as_lambda_runs_it(tmp_path: Path) -> None:
+    """``--built``: the function's own code root and the layer first on the path, and no
+    bytecode written, so what the build left uncompiled is compiled in every measured run."""
+    from benchmarks.coldstart import _case, measure_coldstart
+
+    built = tmp_path / "build"
+    layer = built / "RuntimeLayer" / "python"
+    layer.mkdir(parents=True)
+    (layer / "serverless_worker").symlink_to(ROOT / "layers" / "runtime" / "serverless_worker")
+    made = subprocess.run(["make", "-s", "-C", str(ROOT / "functions"), "build-ExecutorFunction",
+                           f"ARTIFACTS_DIR={built / 'ExecutorFunction'}", f"PYTHON={sys.executable}"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+
+    args, env = _case("executor", "priostack", built)
+    assert args[-2:] == [str(built / "ExecutorFunction"), "executor"]
+    assert env["PYTHONPATH"] == str(layer)
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1" and "PYTHONPYCACHEPREFIX" not in env
+    assert env["SW_PROTOCOL"] == "priostack"
+
+    result = measure_coldstart(1, [("executor", "pipelogiq")], built=built)
+    assert result["built"] == str(built)
+    executor = result["functions"]["executor/pipelogiq"]
+    assert executor["median_s"] > 0 and executor["modules"] > 100

@@ -1,0 +1,106 @@
+"""What ``sam build`` ships: every module with bytecode Lambda can use as it is.
+
+Lambda's code directories are read-only, so a module without usable bytecode is compiled on
+every cold start. The layer and the functions are built by their own Makefiles
+(``BuildMethod: makefile``), which compile to ``unchecked-hash`` bytecode, and
+``scripts/check_bytecode.py`` (run by ``make sam-build``) checks the build output. The
+layer's recipe downloads wheels, so only CI's ``make sam-build`` runs it; the functions'
+recipe installs nothing without a requirements.txt, so it runs here.
+"""
+
+from __future__ import annotations
+
+import compileall
+import importlib.util
+import py_compile
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.template import TEMPLATE_PATH, load_template
+
+ROOT = TEMPLATE_PATH.parent
+_spec = importlib.util.spec_from_file_location("check_bytecode", ROOT / "scripts" / "check_bytecode.py")
+check_bytecode = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_bytecode)
+
+
+def _tree(tmp_path: Path) -> Path:
+    root = tmp_path / "build"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (root / "app.py").write_text("import pkg\n")
+    return root
+
+
+def _compile(root: Path, mode: py_compile.PycInvalidationMode) -> None:
+    assert compileall.compile_dir(str(root), quiet=1, force=True, invalidation_mode=mode)
+
+
+def test_unchecked_hash_bytecode_passes(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    _compile(root, py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    assert check_bytecode.check([root]) == (2, [])
+    assert check_bytecode.main([str(root)]) == 0
+
+
+@pytest.mark.parametrize(("mode", "why"), [
+    (py_compile.PycInvalidationMode.TIMESTAMP, "timestamped .pyc"),
+    (py_compile.PycInvalidationMode.CHECKED_HASH, "checked-hash .pyc (reads every source)"),
+])
+def test_bytecode_that_looks_at_the_source_fails(tmp_path: Path, mode, why: str) -> None:
+    root = _tree(tmp_path)
+    _compile(root, mode)
+    assert check_bytecode.check([root]) == (2, [f"{root / 'app.py'}: {why}", f"{root / 'pkg' / '__init__.py'}: {why}"])
+
+
+def test_missing_and_stale_bytecode_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _tree(tmp_path)
+    _compile(root, py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    (root / "app.py").write_text("import pkg  # edited after the build\n")
+    (root / "late.py").write_text("")
+    assert check_bytecode.check([root])[1] == [f"{root / 'app.py'}: .pyc of another version of the source",
+                                               f"{root / 'late.py'}: no .pyc"]
+    assert check_bytecode.main([str(root)]) == 1
+    assert "2 of 3 modules would be compiled on every cold start" in capsys.readouterr().err
+
+
+def test_a_directory_without_modules_is_an_error(tmp_path: Path) -> None:
+    assert check_bytecode.main([str(tmp_path)]) == 1
+    assert check_bytecode.main([str(tmp_path / "absent")]) == 2
+
+
+def test_every_function_and_the_layer_are_built_by_their_makefile() -> None:
+    resources = load_template()["Resources"]
+    built = {rid: r for rid, r in resources.items()
+             if r["Type"] in ("AWS::Serverless::Function", "AWS::Serverless::LayerVersion")}
+    assert {rid: r.get("Metadata", {}).get("BuildMethod") for rid, r in built.items()} == \
+        dict.fromkeys(built, "makefile")
+    for rid, r in built.items():
+        code = r["Properties"].get("ContentUri") or r["Properties"].get("CodeUri") or \
+            load_template()["Globals"]["Function"]["CodeUri"]
+        makefile = (ROOT / code / "Makefile").read_text()
+        targets = set(re.findall(r"^build-(\w+):", makefile, re.M))
+        listed = re.search(r"^FUNCTIONS = (.*)$", makefile, re.M)
+        if listed:
+            targets |= set(listed.group(1).split())
+        assert rid in targets or f"build-{rid}" in targets, f"{code}Makefile has no build-{rid} target"
+
+
+def test_the_functions_recipe_ships_the_code_root_with_bytecode(tmp_path: Path) -> None:
+    out = tmp_path / "ExecutorFunction"
+    out.mkdir()
+    done = subprocess.run(["make", "-s", "-C", str(ROOT / "functions"), "build-ExecutorFunction",
+                           f"ARTIFACTS_DIR={out}", f"PYTHON={sys.executable}"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (out / "executor" / "app.py").is_file()
+    assert (out / "statemachine" / "worker.asl.json").is_file()
+    assert not (out / "Makefile").exists()
+    assert check_bytecode.check([out]) == (len(list(out.rglob("*.py"))), [])
+    # the bytecode's recorded path is the one Lambda serves the code from
+    code = (out / "executor" / "__pycache__" / "app.cpython-311.pyc").read_bytes()
+    assert b"/var/task/executor/app.py" in code
