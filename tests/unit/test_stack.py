@@ -57,6 +57,8 @@ def test_environment_merges_globals_and_resolves_intrinsics(stack: ResolvedTempl
     assert scheduler["SW_BATCH_SIZE"] == "10"
     # !If [HasInstanceId, ...] with InstanceId empty: the stack name, which is "local" in SAM
     assert scheduler["SW_INSTANCE_ID"] == "local"
+    # the stack's name is every metric's service dimension and every log line's service
+    assert scheduler["POWERTOOLS_SERVICE_NAME"] == "local"
     # !Ref of resources: placeholders; the state machine's Ref and the steps' !Sub agree
     assert scheduler["SW_TABLE_NAME"] == "StateTable"
     assert scheduler["SW_EXECUTOR_FUNCTION_NAME"] == "ExecutorFunction"
@@ -219,3 +221,19 @@ def test_bad_env_vars_files_are_clear_errors(tmp_path: Path, content: str, messa
         load_env_vars_file(path)
     with pytest.raises(ConfigurationError, match="cannot read"):
         load_env_vars_file(tmp_path / "missing.json")
+
+
+def test_each_stack_alarms_on_its_own_metrics_only() -> None:
+    """Shards are separate stacks in one account: a custom metric's alarm must select the
+    stack's own series (the ``service`` dimension Powertools sets from POWERTOOLS_SERVICE_NAME),
+    or one stack's polls would silence another's silent-poller alarm."""
+    from support.template import load_template
+
+    template = load_template()
+    service = template["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
+    assert service == {"Ref": "AWS::StackName"}
+    custom = {rid: r["Properties"] for rid, r in template["Resources"].items()
+              if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"].get("Namespace") == "ServerlessWorker"}
+    assert set(custom) == {"LeasesLostAlarm", "StrandedDeliveriesAlarm", "SilentPollerAlarm"}
+    for props in custom.values():
+        assert props["Dimensions"] == [{"Name": "service", "Value": service}]
