@@ -71,9 +71,9 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Env]]:
 @pytest.fixture
 def recorder() -> Any:
     """The run recorder of tests/aws/handlers_e2e.py, reset: the same module object the
-    executors load by path (``load_handlers`` caches it under its private name)."""
-    from e2e_support import HANDLERS_PATH
-
+    executors load by path (``load_handlers`` caches it under its private name). Shared
+    with the reliability suite, hence the import through the ``aws`` directory."""
+    from aws.e2e_support import HANDLERS_PATH
     from serverless_worker.handlers import load_handlers
 
     module = load_handlers(HANDLERS_PATH)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aws.conftest import Env, worker_env  # noqa: F401  (the AWS tier's fixture, shared)
+from aws.conftest import Env, recorder, worker_env  # noqa: F401  (the AWS tier's fixtures, shared)
 
 __all__ = ["HANDLERS", "Env", "SecretsManagerKey", "handlers_module", "secret_key"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from conftest import HANDLERS, Env, handlers_module
+from reliability.conftest import HANDLERS, Env, handlers_module
 from serverless_worker.config import Settings
 from serverless_worker.errors import (
     ConfigurationError,

@@ -70,16 +70,6 @@ NOT_APPLICABLE = [
 
 # -- fixtures and drivers -------------------------------------------------------------------------
 @pytest.fixture
-def recorder() -> Any:
-    """handlers_e2e's run recorder, the very object the executors write (loaded by path)."""
-    from serverless_worker.handlers import load_handlers
-
-    module = load_handlers(HANDLERS_PATH)
-    module.RECORDER.reset()
-    return module.RECORDER
-
-
-@pytest.fixture
 def long_runs() -> Iterator[Callable[[], Counter[str]]]:
     """Per-job run counts of handlers_long's long-steady (the Step Functions path), loaded
     by path as the steps function loads it."""

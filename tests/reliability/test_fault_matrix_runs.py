@@ -56,16 +56,6 @@ WHY_CRASH_RERUN = ("the executor died mid-handler, so whether the handler's side
 
 # -- fixtures and drivers ---------------------------------------------------------------------------
 @pytest.fixture
-def recorder() -> Any:
-    """handlers_e2e's run recorder: the object the executors write (the module is loaded by path)."""
-    from serverless_worker.handlers import load_handlers
-
-    module = load_handlers(HANDLERS_PATH)
-    module.RECORDER.reset()
-    return module.RECORDER
-
-
-@pytest.fixture
 def fault_runs() -> Iterator[Any]:
     """reliability_handlers' per-job run counts, fresh; any handler still ignoring its
     cancellation is released afterwards."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import HANDLERS, Env
+from reliability.conftest import HANDLERS, Env
 from serverless_worker.config import Settings
 from serverless_worker.errors import ConfigurationError
 from serverless_worker.protocols._http import HttpTransport
