@@ -1,13 +1,21 @@
 # serverless-worker: the commands a developer and CI use.
-# Needs only python3.11, make, npm and java on the machine; everything else is installed
-# into two virtualenvs here (.venv for the project, .venv-sam for the SAM CLI).
+# Needs only python3.13 (the Lambda runtime's version; scripts/lambda-python.sh finds it,
+# pyenv's included), make, npm and java on the machine; everything else is installed into
+# virtualenvs here (.venv for the project, .venv-sam for the SAM CLI, .venv-checkov).
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 MAKEFLAGS += --no-builtin-rules --no-print-directory
 
-PYTHON ?= python3.11
+# The interpreter of the Lambda runtime's version (python3.13) for the venvs and the build.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell scripts/lambda-python.sh)
+endif
+export PYTHON
+# x86_64 or arm64: the wheels `make sam-build` installs (the stack's Architecture parameter).
+ARCHITECTURE ?= x86_64
+export ARCHITECTURE
 VENV ?= .venv
 SAM_VENV ?= .venv-sam
 # aws-sam-cli pins boto3 to one exact version, so it gets a venv of its own.
@@ -41,6 +49,7 @@ IAM_SCAN_CFN := .aws-sam/iam-scan/template.json
 # $(call fresh_venv,DIR): (re)create DIR unless it is a working venv of $(PYTHON)'s exact
 # version (a pyenv patch upgrade leaves old venvs pointing at a missing interpreter).
 define fresh_venv
+	@test -n "$(PYTHON)" || exit 2  # scripts/lambda-python.sh has said why
 	@if [ "$$($(1)/bin/python -V 2>&1)" != "$$($(PYTHON) -V 2>&1)" ]; then \
 		echo "creating $(1) with $$($(PYTHON) -V 2>&1)"; \
 		rm -rf "$(1)"; \
@@ -111,9 +120,9 @@ mypy: venv ## mypy on the package
 sam-validate: sam-venv ## sam validate --lint on template.yaml
 	$(SAM) validate --lint --region $(AWS_REGION)
 
-sam-build: sam-venv ## sam build (the layer and the functions, with the machine's python3.11)
-	$(SAM) build
-	python3.11 scripts/check_bytecode.py .aws-sam/build
+sam-build: sam-venv ## sam build for ARCHITECTURE (x86_64 or arm64) with python3.13, then check the bytecode
+	$(SAM) build --parameter-overrides Architecture=$(ARCHITECTURE)
+	$(PYTHON) scripts/check_bytecode.py --architecture $(ARCHITECTURE) .aws-sam/build
 
 # sam build, then `sam local invoke` of every function with each of its events/ files in a
 # Lambda container, checking the outcome (scripts/sam_local_invoke.py says what). Machines

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     role = session.client("iam", endpoint_url=url).create_role(
         RoleName="serverless-worker-local", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
     session.client("lambda", endpoint_url=url).create_function(
-        FunctionName="ExecutorFunction", Runtime="python3.11", Role=role, Handler="app.lambda_handler",
+        FunctionName="ExecutorFunction", Runtime="python3.13", Role=role, Handler="app.lambda_handler",
         Code={"ZipFile": _inert_zip()}, Timeout=900)
     print(f"export AWS_ENDPOINT_URL={url} AWS_DEFAULT_REGION={REGION} "
           "AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local", flush=True)

@@ -3,7 +3,7 @@ every sample event in events/, checked.
 
 Steps: ``sam build``; start a container engine (podman through
 ``../shared/tools/sam-local-podman.sh``, which gives ``sam local`` a Docker API and a
-python3.11 Lambda image on machines without Docker); ``sam local invoke`` each function
+python3.13 Lambda image on machines without Docker); ``sam local invoke`` each function
 with each of its events (``events/<handler dir>[-<variant>].json``); stop the engine.
 
 What is checked: the layer resolves and the handlers import inside the container (no
@@ -47,6 +47,8 @@ HOST_JOB_SERVER = "http://127.0.0.1:8081"
 MISCONFIGURED_JOB_SERVER = "http://jobs.example.com"
 PLACEHOLDER_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:sam-local-placeholder"
 INVOKE_TIMEOUT = 240
+# The Lambda runtime of template.yaml: the podman shim builds that image.
+LAMBDA_PYTHON_VERSION = "3.13"
 
 
 @dataclass
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         if podman is not None:
-            proc, timings["podman start"] = run(["bash", str(podman), "start", args.sam_python], env=env,
+            proc, timings["podman start"] = run(["bash", str(podman), "start", args.sam_python, LAMBDA_PYTHON_VERSION], env=env,
                                                 timeout=900)
             print(f"podman start: {timings['podman start']:.1f} s", flush=True)
             if proc.returncode != 0:

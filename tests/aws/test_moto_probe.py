@@ -60,7 +60,7 @@ class Aws:
         self.lambdas.register(name, handler)
         response = self.lambda_.create_function(
             FunctionName=name,
-            Runtime="python3.11",
+            Runtime="python3.13",
             Role=self.role_arn,  # must exist in moto IAM (same account)
             Handler="app.handler",
             Code={"ZipFile": dummy_zip()},  # any bytes work without docker; Code={} breaks the function

@@ -114,7 +114,7 @@ class WorkerStack:
             fn_name = f"{logical}-{uuid.uuid4().hex[:6]}"
             timeout = int(param_default(template, props.get("Timeout", globals_.get("Timeout", 3))))
             lambdas.register(fn_name, entry)
-            lambda_client.create_function(FunctionName=fn_name, Runtime=globals_.get("Runtime", "python3.11"),
+            lambda_client.create_function(FunctionName=fn_name, Runtime=globals_["Runtime"],
                                           Role=role, Handler=props["Handler"], Code={"ZipFile": dummy_zip()},
                                           Timeout=timeout, MemorySize=256)
             names[logical] = fn_name

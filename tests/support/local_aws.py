@@ -113,7 +113,7 @@ def local_aws_server() -> Iterator[LocalAws]:
         role = session.client("iam", endpoint_url=url).create_role(
             RoleName=f"sw-{uuid.uuid4().hex[:6]}", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         session.client("lambda", endpoint_url=url).create_function(
-            FunctionName=EXECUTOR, Runtime="python3.11", Role=role, Handler="app.lambda_handler",
+            FunctionName=EXECUTOR, Runtime="python3.13", Role=role, Handler="app.lambda_handler",
             Code={"ZipFile": _zip()}, Timeout=900)
         yield LocalAws(url=url, dynamodb=dynamodb)
     finally:

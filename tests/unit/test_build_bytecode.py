@@ -4,8 +4,8 @@ Lambda's code directories are read-only, so a module without usable bytecode is 
 every cold start. The layer and the functions are built by their own Makefiles
 (``BuildMethod: makefile``), which compile to ``unchecked-hash`` bytecode, and
 ``scripts/check_bytecode.py`` (run by ``make sam-build``) checks the build output. The
-layer's recipe downloads wheels, so only CI's ``make sam-build`` runs it; the functions'
-recipe installs nothing without a requirements.txt, so it runs here.
+layer's recipe installs the pinned wheels for the chosen CPU (``ARCHITECTURE``), and runs
+here for both; the functions' recipe installs nothing without a requirements.txt.
 """
 
 from __future__ import annotations
@@ -96,8 +96,53 @@ def test_the_functions_recipe_ships_the_code_root_with_bytecode(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert (out / "executor" / "app.py").is_file()
     assert (out / "statemachine" / "worker.asl.json").is_file()
-    assert not (out / "Makefile").exists()
+    assert not (out / "Makefile").exists() and not (out / "lambda-build.mk").exists()
     assert check_bytecode.check([out]) == (len(list(out.rglob("*.py"))), [])
     # the bytecode's recorded path is the one Lambda serves the code from
-    code = (out / "executor" / "__pycache__" / "app.cpython-311.pyc").read_bytes()
+    code = Path(importlib.util.cache_from_source(str(out / "executor" / "app.py"))).read_bytes()
     assert b"/var/task/executor/app.py" in code
+
+
+@pytest.mark.parametrize(("architecture", "elf_machine", "wheel_suffix"), [
+    ("x86_64", 0x3E, "x86_64"), ("arm64", 0xB7, "aarch64")])
+def test_the_layer_recipe_installs_wheels_for_the_chosen_cpu(tmp_path: Path, architecture: str, elf_machine: int,
+                                                             wheel_suffix: str) -> None:
+    out = tmp_path / "RuntimeLayer"
+    done = subprocess.run(["make", "-s", "-C", str(ROOT / "layers" / "runtime"), "build-RuntimeLayer",
+                           f"ARTIFACTS_DIR={out}", f"PYTHON={sys.executable}", f"ARCHITECTURE={architecture}"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    site = out / "python"
+    # pydantic-core is compiled: its wheel's tag and its extension module name the CPU
+    (wheel,) = site.glob("pydantic_core-*.dist-info/WHEEL")
+    tags = [line.split(":", 1)[1].strip() for line in wheel.read_text().splitlines() if line.startswith("Tag:")]
+    assert tags and all(t.startswith("cp313-cp313-") and t.endswith(wheel_suffix) for t in tags), tags
+    (so,) = (site / "pydantic_core").glob("_pydantic_core*.so")
+    assert int.from_bytes(so.read_bytes()[18:20], "little") == elf_machine
+    assert check_bytecode.check_platform([site], architecture)[1] == []
+    other = "arm64" if architecture == "x86_64" else "x86_64"
+    assert any("pydantic_core" in line for line in check_bytecode.check_platform([site], other)[1])
+    assert check_bytecode.main(["--architecture", architecture, str(out)]) == 0
+
+
+@pytest.mark.parametrize(("tag", "architecture", "why"), [
+    ("py3-none-any", "arm64", None),
+    ("cp313-abi3-manylinux2014_aarch64", "arm64", None),
+    ("cp313-cp313-manylinux_2_17_x86_64", "arm64", "not for Linux on arm64"),
+    ("cp311-cp311-manylinux_2_17_x86_64", "x86_64", "built for another Python"),
+    ("cp313-cp313-macosx_11_0_arm64", "arm64", "not for Linux on arm64"),
+])
+def test_wheel_tags_are_read_for_the_lambda_runtime(tag: str, architecture: str, why: str | None) -> None:
+    problem = check_bytecode.wheel_tag_problem(tag, architecture)
+    assert (problem is None) if why is None else (why in problem)
+
+
+def test_the_layer_recipe_refuses_a_cpu_or_python_it_cannot_build_for(tmp_path: Path) -> None:
+    recipe = ["make", "-s", "-C", str(ROOT / "layers" / "runtime"), "build-RuntimeLayer", f"ARTIFACTS_DIR={tmp_path}"]
+    wrong_cpu = subprocess.run([*recipe, f"PYTHON={sys.executable}", "ARCHITECTURE=sparc"],
+                               capture_output=True, text=True, timeout=60, check=False)
+    assert wrong_cpu.returncode == 2 and "ARCHITECTURE must be x86_64 or arm64, not 'sparc'" in wrong_cpu.stderr
+    missing = subprocess.run([*recipe, "PYTHON=/nonexistent/python3.13"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert missing.returncode == 2 and "the build needs Python 3.13" in missing.stderr
+    assert not any(tmp_path.iterdir()), "nothing is installed before the checks pass"

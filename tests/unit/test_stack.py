@@ -61,7 +61,9 @@ def test_environment_merges_globals_and_resolves_intrinsics(stack: ResolvedTempl
     assert scheduler["POWERTOOLS_SERVICE_NAME"] == "local"
     # !Ref of resources: placeholders; the state machine's Ref and the steps' !Sub agree
     assert scheduler["SW_TABLE_NAME"] == "StateTable"
-    assert scheduler["SW_EXECUTOR_FUNCTION_NAME"] == "ExecutorFunction"
+    # the scheduler fans out to the executor's live alias (AutoPublishAlias), as deployed
+    assert scheduler["SW_EXECUTOR_FUNCTION_NAME"] == \
+        "arn:aws:lambda:us-east-1:123456789012:function:ExecutorFunction:live"
     machine = "arn:aws:states:us-east-1:123456789012:stateMachine:local-worker"
     assert scheduler["SW_STATE_MACHINE_ARN"] == machine
     assert steps["SW_STATE_MACHINE_ARN"] == scheduler["SW_STATE_MACHINE_ARN"]

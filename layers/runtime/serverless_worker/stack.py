@@ -136,6 +136,11 @@ class ResolvedTemplate:
     def resources(self) -> dict[str, Any]:
         return dict(self.document.get("Resources") or {})
 
+    @property
+    def function_globals(self) -> dict[str, Any]:
+        """``Globals.Function``: what every function inherits unless it sets its own."""
+        return dict((self.document.get("Globals") or {}).get("Function") or {})
+
     def function_ids(self) -> list[str]:
         return [name for name, res in self.resources.items()
                 if isinstance(res, dict) and res.get("Type") == _FUNCTION_TYPE]
@@ -148,7 +153,7 @@ class ResolvedTemplate:
             raise ConfigurationError(
                 f"{self.path.name} has no function {logical_id!r}; its functions are: "
                 f"{', '.join(self.function_ids()) or 'none'}")
-        globals_ = ((self.document.get("Globals") or {}).get("Function") or {})
+        globals_ = self.function_globals
         props = {**globals_, **(resource.get("Properties") or {})}
         handler = self.resolve(props.get("Handler"))
         code_uri = self.resolve(props.get("CodeUri"))
@@ -286,6 +291,8 @@ class ResolvedTemplate:
             return pseudo[name]
         if name == "AWS::NoValue":
             return _NO_VALUE
+        if name.endswith(".Alias") and name.count(".") == 1:
+            return self._alias_arn(name.removesuffix(".Alias"))
         resource = self.resources.get(name)
         if not isinstance(resource, dict):
             return UNRESOLVED
@@ -320,6 +327,17 @@ class ResolvedTemplate:
             if service_and_path is not None:
                 return self._arn(*service_and_path)
         return f"{logical_id}.{attribute}"
+
+    def _alias_arn(self, logical_id: str) -> Any:
+        """``!Ref Function.Alias``: SAM's AutoPublishAlias, as a qualified function ARN."""
+        resource = self.resources.get(logical_id)
+        if not isinstance(resource, dict) or resource.get("Type") != _FUNCTION_TYPE:
+            return UNRESOLVED
+        props = {**self.function_globals, **(resource.get("Properties") or {})}
+        alias = self.resolve(props.get("AutoPublishAlias"))
+        if not isinstance(alias, str) or not alias:
+            return UNRESOLVED
+        return self._arn("lambda", f"function:{self._name_of(logical_id, resource)}:{alias}")
 
     def _name_of(self, logical_id: str, resource: dict[str, Any]) -> str:
         """The physical name a local run uses: the resource's own name property, else its logical id."""

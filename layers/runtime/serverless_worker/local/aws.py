@@ -34,7 +34,7 @@ from unittest import mock
 from ..errors import ConfigurationError
 from .moto_lambda import Handler, InProcessLambda, dummy_zip
 from .table import create_state_table
-from .template import load_template, param_default, state_machine_definition, template_path
+from .template import function_reference, load_template, param_default, state_machine_definition, template_path
 
 __all__ = ["REGION", "EmbeddedAws", "call_in_process", "serialize_dynamodb"]
 
@@ -254,12 +254,12 @@ class EmbeddedAws:
                                      AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         values: dict[str, str] = {}
         for key, value in substitutions.items():
-            target = value.get("Fn::GetAtt") if isinstance(value, dict) else None
-            if not (isinstance(target, list) and target[1:] == ["Arn"] and target[0] in functions):
+            target = function_reference(value)
+            if target not in functions:
                 raise ConfigurationError(
                     f"{STATE_MACHINE} substitution {key} = {value} is not a function the local runner runs "
                     f"({', '.join(functions)})")
-            values[key] = self._create_function(template, target[0], functions[target[0]], role)
+            values[key] = self._create_function(template, target, functions[target], role)
         definition = state_machine_definition(STATE_MACHINE, values, self._template)
         self.state_machine_arn = self.sfn.create_state_machine(
             name=f"serverless-worker-local-{uuid.uuid4().hex[:6]}", definition=definition, roleArn=role,
@@ -272,7 +272,7 @@ class EmbeddedAws:
         name = f"{logical}-{uuid.uuid4().hex[:6]}"
         self.lambdas.register(name, handler)
         created = self._lambda.create_function(
-            FunctionName=name, Runtime=globals_.get("Runtime", "python3.11"), Role=role,
+            FunctionName=name, Runtime=globals_["Runtime"], Role=role,
             Handler=props["Handler"], Code={"ZipFile": dummy_zip()},
             Timeout=int(param_default(template, props.get("Timeout", globals_.get("Timeout", 3)))),
             MemorySize=int(param_default(template, props.get("MemorySize", globals_.get("MemorySize", 128)))))

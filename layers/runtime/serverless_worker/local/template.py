@@ -134,6 +134,20 @@ def state_machine_definition(logical_id: str, values: dict[str, str], path: Path
     return definition
 
 
+def function_reference(value: Any) -> str | None:
+    """The logical id behind ``!GetAtt F.Arn`` or ``!Ref F.Alias`` (how the stack names a
+    function it invokes), else None."""
+    if not isinstance(value, dict):
+        return None
+    target = value.get("Fn::GetAtt")
+    if isinstance(target, list) and len(target) == 2 and target[1] == "Arn":
+        return str(target[0])
+    ref = value.get("Ref")
+    if isinstance(ref, str) and ref.endswith(".Alias"):
+        return ref.removesuffix(".Alias")
+    return None
+
+
 @dataclass(frozen=True)
 class EnvironmentSource:
     """Where the stack takes one function environment variable from."""
@@ -146,7 +160,8 @@ class EnvironmentSource:
 
 def _refs(value: Any) -> list[str]:
     if isinstance(value, dict):
-        found = [value["Ref"]] if isinstance(value.get("Ref"), str) else []
+        # `!Ref Function.Alias` (SAM's AutoPublishAlias) refers to the function itself
+        found = [value["Ref"].split(".", 1)[0]] if isinstance(value.get("Ref"), str) else []
         if "Fn::Sub" in value:
             text = value["Fn::Sub"] if isinstance(value["Fn::Sub"], str) else value["Fn::Sub"][0]
             found += re.findall(r"\$\{([A-Za-z0-9]+)\}", text)

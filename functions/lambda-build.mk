@@ -1,0 +1,1 @@
+../layers/runtime/lambda-build.mk
