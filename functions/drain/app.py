@@ -9,8 +9,11 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 from aws_lambda_powertools import Logger
 
 from serverless_worker.runtime.entry import drain_worker
+from serverless_worker.runtime.snapstart import install
 
 logger = Logger()
+# With SnapStart: prime the runtime for the snapshot and renew it after each restore.
+install("drain")
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -10,8 +10,11 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 from aws_lambda_powertools import Logger
 
 from serverless_worker.runtime.entry import state_machine_step
+from serverless_worker.runtime.snapstart import install
 
 logger = Logger()
+# With SnapStart: prime the runtime for the snapshot and renew it after each restore.
+install("steps")
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -18,14 +18,21 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any
 
 from .errors import ConfigurationError
 
-__all__ = ["LazyClient", "aws_setup_error", "check_region", "shared_session"]
+__all__ = ["LazyClient", "aws_setup_error", "build_all_clients", "check_region", "renew_clients",
+           "shared_session"]
 
 # botocore sessions are not thread-safe: one lock around creating the session and clients.
 _LOCK = threading.RLock()
+# Every LazyClient, so a SnapStart restore can make each forget its client (runtime/snapstart.py).
+_CLIENTS: weakref.WeakSet[LazyClient] = weakref.WeakSet()
+# The botocore session under boto3's default session, kept so a renewed session can reuse
+# its loaded service models (data only: no credentials, no connections).
+_BOTOCORE: Any = None
 
 # AWS error codes that mean "the stack or the account is set up wrong", not "try again".
 _MISSING = frozenset({"ResourceNotFoundException", "StateMachineDoesNotExist", "QueueDoesNotExist",
@@ -40,10 +47,42 @@ def shared_session() -> Any:
     """boto3's default session (created once): the one session every runtime client uses."""
     import boto3
 
+    global _BOTOCORE
     with _LOCK:
         if boto3.DEFAULT_SESSION is None:
-            boto3.setup_default_session()
+            import botocore.session
+
+            loaded = _BOTOCORE.get_component("data_loader") if _BOTOCORE is not None else None
+            _BOTOCORE = botocore.session.get_session()
+            if loaded is not None:
+                _BOTOCORE.register_component("data_loader", loaded)
+            boto3.setup_default_session(botocore_session=_BOTOCORE)
         return boto3.DEFAULT_SESSION
+
+
+def renew_clients() -> None:
+    """Forget the shared session (so credentials are resolved again) and every client built
+    on it, closing their connection pools; each LazyClient builds anew at its next call.
+
+    For environments restored from one SnapStart snapshot, which must not share sockets or
+    credentials. Service models already loaded are kept: they are data, and reloading them
+    is what a cold start spends its time on.
+    """
+    import boto3
+
+    with _LOCK:
+        for lazy in list(_CLIENTS):
+            lazy.forget()
+        boto3.DEFAULT_SESSION = None
+
+
+def build_all_clients() -> int:
+    """Build every LazyClient that exists (no AWS call is made), so a snapshot holds the
+    service models they load. Returns how many were built."""
+    clients = list(_CLIENTS)
+    for lazy in clients:
+        lazy.client  # noqa: B018 - building is the point
+    return len(clients)
 
 
 def check_region() -> None:
@@ -77,6 +116,7 @@ class LazyClient:
         self._service = service
         self._config = config
         self._client: Any = None
+        _CLIENTS.add(self)
 
     @property
     def built(self) -> bool:
@@ -97,6 +137,13 @@ class LazyClient:
                             raise
                         raise clear from err
         return self._client
+
+    def forget(self) -> None:
+        """Drop the real client and close its connections; the next call builds a new one."""
+        with _LOCK:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def __getattr__(self, name: str) -> Any:
         # Only names not found on the proxy get here; dunders (copy, pickle) never build a client.

@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from .errors import ConfigurationError
 from .handlers import HANDLER_NAME_RE
+from .loopback import is_loopback_host
 
 __all__ = [
     "ENV_PREFIX",
@@ -51,14 +51,6 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def _env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -275,7 +267,7 @@ class Settings(BaseModel):
     def _check_together(self) -> Settings:
         problems: list[str] = []
         parts = urlsplit(self.base_url)
-        if parts.scheme == "http" and not self.allow_insecure_http and not _is_loopback(parts.hostname or ""):
+        if parts.scheme == "http" and not self.allow_insecure_http and not is_loopback_host(parts.hostname or ""):
             problems.append(f"{_env_name('base_url')}: plain http:// is allowed only to loopback "
                             f"(localhost, 127.0.0.1, ::1); use https:// or set "
                             f"{_env_name('allow_insecure_http')}=true")

@@ -12,7 +12,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import re
 import signal
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from ..errors import ConfigurationError
+from ..loopback import is_loopback_host
 from ..sandbox import SANDBOXES, create_sandbox
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     """Build, seed and serve the sandbox; returns 0 after SIGINT/SIGTERM."""
     protocol: str = args.protocol
-    if not args.allow_remote and not _is_loopback(args.host):
+    if not args.allow_remote and not is_loopback_host(args.host):
         raise ConfigurationError(
             f"--host {args.host} is not a loopback address; the sandbox accepts fixed test "
             "credentials, so pass --allow-remote to expose it anyway")
@@ -120,14 +120,6 @@ def _setting(text: str) -> tuple[str, Any]:
         value = raw  # a bare string such as --set api_key=abc
     return key.strip(), value
 
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _seed_bodies(path: Path | None, demo_protocol: str | None) -> list[Any]:

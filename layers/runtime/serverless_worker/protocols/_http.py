@@ -10,17 +10,17 @@ pull would take more work than we can account for.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
 import re
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -35,11 +35,13 @@ from ..errors import (
     RateLimitedError,
     ServerUnavailableError,
 )
+from ..loopback import is_loopback_url
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "retry_call", "is_loopback_url", "header_credential"]
 
 log = logging.getLogger("serverless_worker.http")
-T = TypeVar("T")
+# Every transport, so a SnapStart restore can renew each one's connections (runtime/snapstart.py).
+_TRANSPORTS: weakref.WeakSet[HttpTransport] = weakref.WeakSet()
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
@@ -55,16 +57,6 @@ def header_credential(value: SecretStr | str, what: str) -> SecretStr:
     if not _HEADER_SAFE.fullmatch(secret.get_secret_value()):
         raise ConfigurationError(f"{what} is empty or contains whitespace/control characters")
     return secret
-
-
-def is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -114,7 +106,7 @@ def _retry_hook(exc: Exception) -> bool | float:
     return isinstance(exc, ServerUnavailableError)
 
 
-def retry_call(fn: Callable[[int], T], policy: RetryPolicy) -> T:
+def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy) -> T:
     """Call ``fn(attempt_number)`` until it succeeds or the policy gives up.
 
     The attempt number lets a caller read a 404 on a *retry* as "already applied".
@@ -136,7 +128,15 @@ def retry_call(fn: Callable[[int], T], policy: RetryPolicy) -> T:
     raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
 
-@dataclass
+def renew_transports() -> int:
+    """:meth:`HttpTransport.renew` on every transport that exists; returns how many."""
+    transports = list(_TRANSPORTS)
+    for transport in transports:
+        transport.renew()
+    return len(transports)
+
+
+@dataclass(eq=False)  # compared by identity: transports live in a WeakSet
 class HttpTransport:
     """One pooled ``requests.Session`` per client with explicit connect/read timeouts.
 
@@ -165,17 +165,31 @@ class HttpTransport:
                 f"refusing plain http:// to non-loopback host {parts.hostname}; use https:// "
                 "or set allow_insecure_http explicitly")
         self.base_url = self.base_url.rstrip("/")
-        self._session = requests.Session()
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_maxsize, max_retries=0)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
-        self._session.headers["User-Agent"] = self.user_agent
-        self._session.trust_env = False
-        proxies, verify = _environment_settings(self.base_url)
-        self._session.proxies.update(proxies)
-        if verify is not None:
-            self._session.verify = verify
+        self._session = self._new_session()
         self._lock = threading.Lock()
+        _TRANSPORTS.add(self)
+
+    def _new_session(self) -> requests.Session:
+        session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_maxsize, max_retries=0)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        session.headers["User-Agent"] = self.user_agent
+        session.trust_env = False
+        proxies, verify = _environment_settings(self.base_url)
+        session.proxies.update(proxies)
+        if verify is not None:
+            session.verify = verify
+        return session
+
+    def renew(self) -> None:
+        """Close every pooled connection and start a new session with the same settings.
+
+        For a SnapStart restore: environments restored from one snapshot must not share
+        the sockets (or TLS sessions) the snapshot's environment had open.
+        """
+        old, self._session = self._session, self._new_session()
+        old.close()
 
     def request(
         self,
