@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import compileall
 import importlib.util
+import platform
 import py_compile
 import subprocess
 import sys
@@ -123,6 +124,19 @@ def test_the_layer_recipe_installs_wheels_for_the_chosen_cpu(tmp_path: Path, arc
     other = "arm64" if architecture == "x86_64" else "x86_64"
     assert any("pydantic_core" in line for line in check_bytecode.check_platform([site], other)[1])
     assert check_bytecode.main(["--architecture", architecture, str(out)]) == 0
+    # the layer holds what runs in Lambda, and only that: no developer tooling ...
+    package = site / "serverless_worker"
+    assert {"sandbox", "local", "cli", "stack.py"}.isdisjoint(p.name for p in package.iterdir())
+    assert not list(site.glob("moto*")) and not list(site.glob("uvicorn*"))
+    if platform.machine() != wheel_suffix:
+        return  # the compiled wheels of the other CPU cannot load here
+    # ... and every module in it imports from the layer alone (boto3 comes with the runtime)
+    walk = ("import importlib, pkgutil, sys; sys.path.insert(0, sys.argv[1]); import serverless_worker as sw; "
+            "assert sw.__file__.startswith(sys.argv[1]), sw.__file__; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(sw.__path__, 'serverless_worker.')]")
+    imported = subprocess.run([sys.executable, "-c", walk, str(site)], capture_output=True, text=True, timeout=120,
+                              check=False)
+    assert imported.returncode == 0, imported.stderr
 
 
 @pytest.mark.parametrize(("tag", "architecture", "why"), [
