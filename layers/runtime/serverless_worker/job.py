@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import ModuleType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -32,7 +32,6 @@ __all__ = ["MAX_LOG_LINES", "MAX_LOG_MESSAGE_BYTES", "CancelReason", "Clock", "J
 
 log = logging.getLogger("serverless_worker.job")
 
-InputT = TypeVar("InputT")
 ProgressReporter = Callable[[Any], None]
 
 MAX_LOG_LINES = 200             # result log lines kept per run; more are counted, not sent
@@ -70,7 +69,7 @@ def truncate_utf8(text: str, limit: int) -> str:
     return data[:keep].decode("utf-8", errors="ignore") + marker
 
 
-class Job(Generic[InputT]):
+class Job[InputT]:
     """One delivery as a handler sees it.
 
     ``input`` is the validated model instance when the handler declared ``input=``,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter
+from collections import defaultdict
 from typing import Any
 
 __all__ = ["Metrics", "metrics"]
@@ -15,8 +15,8 @@ class Metrics:
     """``add`` accumulates; ``flush`` emits one EMF record per invocation in Lambda."""
 
     def __init__(self) -> None:
-        self.totals: Counter[str] = Counter()
-        self._pending: Counter[str] = Counter()
+        self.totals: defaultdict[str, float] = defaultdict(float)
+        self._pending: defaultdict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._emf: Any = None
 
@@ -29,7 +29,7 @@ class Metrics:
 
     def flush(self) -> None:
         with self._lock:
-            pending, self._pending = self._pending, Counter()
+            pending, self._pending = self._pending, defaultdict(float)
         if not pending or not os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
             return
         from aws_lambda_powertools import Metrics as EmfMetrics
