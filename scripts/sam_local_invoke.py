@@ -18,7 +18,8 @@ project's one clear error, never a botocore traceback:
 - ``misconfigured`` pass: ``BaseUrl=http://jobs.example.com`` (plain http off loopback):
   every function fails with ``ConfigurationError`` naming ``SW_BASE_URL``.
 
-The containers get placeholder AWS credentials, so a run never touches a real account.
+The containers get placeholder AWS credentials and a closed loopback port as their AWS
+endpoint (``AwsEndpointUrl``), so a run never sends anything towards AWS.
 
 Usage (the Makefile passes these)::
 
@@ -46,6 +47,9 @@ PODMAN_SOCKET = "unix:///run/podman/podman.sock"
 HOST_JOB_SERVER = "http://127.0.0.1:8081"
 MISCONFIGURED_JOB_SERVER = "http://jobs.example.com"
 PLACEHOLDER_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:sam-local-placeholder"
+# Every AWS call of the functions goes here (the AwsEndpointUrl parameter): a closed port on
+# the container's own loopback, so each is refused at once and none is sent towards AWS.
+CLOSED_AWS_ENDPOINT = "http://127.0.0.1:9"
 INVOKE_TIMEOUT = 240
 # The Lambda runtime of template.yaml: the podman shim builds that image.
 LAMBDA_PYTHON_VERSION = "3.13"
@@ -185,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         if podman is not None:
-            proc, timings["podman start"] = run(["bash", str(podman), "start", args.sam_python, LAMBDA_PYTHON_VERSION], env=env,
-                                                timeout=900)
+            start = ["bash", str(podman), "start", args.sam_python, LAMBDA_PYTHON_VERSION]
+            proc, timings["podman start"] = run(start, env=env, timeout=900)
             print(f"podman start: {timings['podman start']:.1f} s", flush=True)
             if proc.returncode != 0:
                 print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             for function, event in cases:
                 cmd = [args.sam, "local", "invoke", function, "-e", str(event.relative_to(ROOT)),
                        "--skip-pull-image", "--parameter-overrides", f"BaseUrl={base_url}",
-                       f"ApiKeySecretArn={PLACEHOLDER_SECRET}", "PollWindowSeconds=2"]
+                       f"ApiKeySecretArn={PLACEHOLDER_SECRET}", "PollWindowSeconds=2",
+                       f"AwsEndpointUrl={CLOSED_AWS_ENDPOINT}"]
                 proc, seconds = run(cmd, env=env, timeout=INVOKE_TIMEOUT)
                 ok, summary = check(function, scenario, proc, errors)
                 outcomes.append(Outcome(function, event.name, scenario, seconds, ok, summary))
