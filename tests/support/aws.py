@@ -114,9 +114,9 @@ class WorkerStack:
             fn_name = f"{logical}-{uuid.uuid4().hex[:6]}"
             timeout = int(param_default(template, props.get("Timeout", globals_.get("Timeout", 3))))
             lambdas.register(fn_name, entry)
-            lambda_client.create_function(FunctionName=fn_name, Runtime=globals_["Runtime"],
-                                          Role=role, Handler=props["Handler"], Code={"ZipFile": dummy_zip()},
-                                          Timeout=timeout, MemorySize=256)
+            runtime = props.get("Runtime", globals_.get("Runtime", "python3.13"))
+            lambda_client.create_function(FunctionName=fn_name, Runtime=runtime, Role=role, Handler=props["Handler"],
+                                          Code={"ZipFile": dummy_zip()}, Timeout=timeout, MemorySize=256)
             names[logical] = fn_name
         steps = lambda_client.get_function(FunctionName=names["StepsFunction"])
         steps_arn = steps["Configuration"]["FunctionArn"]

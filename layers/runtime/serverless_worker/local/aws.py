@@ -272,7 +272,8 @@ class EmbeddedAws:
         name = f"{logical}-{uuid.uuid4().hex[:6]}"
         self.lambdas.register(name, handler)
         created = self._lambda.create_function(
-            FunctionName=name, Runtime=globals_["Runtime"], Role=role,
+            FunctionName=name, Runtime=props.get("Runtime", globals_.get("Runtime", "python3.13")),
+            Role=role,
             Handler=props["Handler"], Code={"ZipFile": dummy_zip()},
             Timeout=int(param_default(template, props.get("Timeout", globals_.get("Timeout", 3)))),
             MemorySize=int(param_default(template, props.get("MemorySize", globals_.get("MemorySize", 128)))))
