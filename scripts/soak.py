@@ -14,7 +14,7 @@ history and reports
 A table on stdout, JSON in ``--out``. ``make soak`` runs it with the defaults (10,000 jobs per
 protocol, concurrency 32, 5% faults). Pipelogiq and the claim queue recover a lost answer by
 themselves (visibility timeout, lease recovery, lease lapse); Priostack cannot: a job whose
-activation answer was lost stays active until the server restarts (seed 002), so between
+activation answer was lost stays active until the server restarts (docs/protocols.md), so between
 passes the soak restarts the sandbox as an operator would, and reports how many it stranded.
 
 The same file is the handler module of the run (loaded by path, as ``SW_HANDLER_MODULE``).

@@ -1,6 +1,6 @@
 """Recovery on the short path, end to end through moto: a re-bootstrapped Pipelogiq
 session, an executor that dies between storing and reporting its outcome, and the
-reaper giving stranded deliveries a definite outcome (DESIGN.md's table).
+reaper giving stranded deliveries a definite outcome (docs/outcomes.md, docs/ledger.md).
 
 Every test reads the sandbox's own job history and the ledger in the emulated table.
 """
@@ -204,7 +204,7 @@ def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, re
     """Two kinds of strays: e2e.echo deliveries whose executor invocation was lost (recorded,
     never started, past the dispatch deadline) and e2e.die runs whose executor vanished
     mid-handler (running, past the run's deadline). The next tick's reaper hands the first
-    back and settles the second as a timeout (DESIGN.md's table); later ticks complete both."""
+    back and settles the second as a timeout (docs/ledger.md); later ticks complete both."""
     # Pipelogiq: a lease outliving the dead executors, so the timeout result (not the
     # server's lease recovery) is what brings the retry. Claim queue: a short lease, since
     # handing back and timing out both mean letting it lapse there.

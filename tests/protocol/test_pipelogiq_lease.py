@@ -1,6 +1,6 @@
 """Pipelogiq execution leases: acquire, renew, every refusal reason produced for real,
 lease expiry and recovery, and reconciliation of an acquire with an unknown outcome
-(seed 000, section 4)."""
+(docs/protocols.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Pipelogiq pull (long poll, every status of the pull table), delivery decoding, the
-visibility timeout and acknowledgement (seed 000, sections 3 and 6)."""
+visibility timeout and acknowledgement (docs/protocols.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Pipelogiq results: the outcome mapping of DESIGN.md, size caps, retries with the same
+"""Pipelogiq results: the outcome mapping of docs/outcomes.md, size caps, retries with the same
 bytes, asynchronous application and fencing, stage retry options and terminal error
-codes, and the result extras (seed 000, section 5)."""
+codes, and the result extras (docs/protocols.md)."""
 
 from __future__ import annotations
 

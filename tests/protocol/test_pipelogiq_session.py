@@ -1,5 +1,5 @@
 """Pipelogiq sessions and credentials: bootstrap, re-bootstrap, expiry, the credential
-table per endpoint, heartbeat, events and shutdown (seed 000, sections 1, 2 and 7)."""
+table per endpoint, heartbeat, events and shutdown (docs/protocols.md)."""
 
 from __future__ import annotations
 

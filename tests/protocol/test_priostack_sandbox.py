@@ -1,7 +1,7 @@
 """The Priostack sandbox against the documents, over raw HTTP on loopback.
 
 These cover what the client never sends (bad bodies, missing keys, other actions), so
-the sandbox that the client tests rely on is itself held to seeds 002 and 004.
+the sandbox that the client tests rely on is itself held to the worker documentation (docs/protocols.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ number (and so which job meets which fault) can differ between two runs of the s
 A failure therefore replays as the same mix and rates of faults, not always the same calls.
 
 Priostack has no lock expiry: a job whose activation answer was lost stays active on the
-server until it restarts (seed 002). The run recovers those the way an operator would, with
+server until it restarts (docs/protocols.md). The run recovers those the way an operator would, with
 the sandbox's restart, and asserts that only jobs the worker never recorded were stranded.
 The AWS-tier harness runs each Event invocation once; Lambda retries one that raised (an
 executor whose report met a second session expiry right after recovering from the first),
@@ -60,7 +60,7 @@ SANDBOX: dict[str, dict[str, Any]] = {
 SETTINGS = {"batch_size": 50, "max_in_flight": 100}
 PULL_LABEL = {"pipelogiq": "pull", "priostack": "activate", "claimqueue": "claim"}
 
-# What each handler's job must end as on the server, whatever the faults (DESIGN.md's table).
+# What each handler's job must end as on the server, whatever the faults (docs/outcomes.md).
 EXPECTED: dict[str, dict[str, str]] = {
     "pipelogiq": {"echo": "completed", "ok": "completed", "bad": "failed", "reject": "failed",
                   "boom": "failed"},

@@ -2,7 +2,7 @@
 
 The runtime stores an :class:`Outcome` in the ledger before reporting it, so a retried
 report sends exactly what was computed the first time. Each protocol module maps it to
-its wire form as DESIGN.md's table says.
+its wire form as docs/outcomes.md says.
 """
 
 from __future__ import annotations

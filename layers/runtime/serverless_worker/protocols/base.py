@@ -211,7 +211,7 @@ class WorkerProtocol(ABC):
 
     @abstractmethod
     def hand_back(self, delivery: Delivery) -> None:
-        """Return an unstarted delivery without using an attempt (DESIGN's 'never started')."""
+        """Return an unstarted delivery without using an attempt (``not_started`` in docs/outcomes.md)."""
 
     # -- lifecycle -------------------------------------------------------------
     def send_events(self, events: Sequence[WorkerEvent]) -> None:

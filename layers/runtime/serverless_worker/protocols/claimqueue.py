@@ -1,5 +1,5 @@
 """The claim queue ("task" service) worker client, over HTTP or the ``work`` WebSocket
-(seed 003).
+(docs/protocols.md).
 
 The queue has no session and no lease call: a claim *is* the lease, for the queue's
 ``leaseSeconds``, and it cannot be renewed. A lease that lapses re-queues the item for
@@ -82,7 +82,7 @@ _DEFAULT_RETRY = RetryPolicy()
 
 
 def result_record(outcome: Outcome) -> dict[str, Any]:
-    """The result record an outcome becomes (DESIGN.md's table, claim queue column).
+    """The result record an outcome becomes (docs/outcomes.md, claim queue column).
 
     A success's value is the record when it is a JSON object, else ``{"result": value}``.
     Errors are in-band: ``{"error": message, "errorCode": code}``, plus a business
@@ -233,7 +233,7 @@ class ClaimQueueClient(WorkerProtocol):
             raise ResultNotAcceptedError(status or "terminal", endpoint="progress", job_id=item_id)
 
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
-        """Post the outcome as the item's result (DESIGN.md's table), retrying 5xx, 429
+        """Post the outcome as the item's result (docs/outcomes.md), retrying 5xx, 429
         and unknown outcomes with the same body: a late result is still accepted unless the
         item is terminal, so a retry is safe.
 

@@ -1,4 +1,4 @@
-"""Typed wire models of the claim queue ("task" service, seed 003), HTTP and WebSocket.
+"""Typed wire models of the claim queue ("task" service), HTTP and WebSocket.
 
 Unknown fields are ignored everywhere. Item ids are opaque strings; an integer id is
 read as its decimal string because it addresses the same path segment either way.

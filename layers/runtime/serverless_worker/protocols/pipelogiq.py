@@ -1,4 +1,4 @@
-"""The Pipelogiq 0.5.0 custom HTTP worker client (seed 000).
+"""The Pipelogiq 0.5.0 custom HTTP worker client (docs/protocols.md).
 
 Bootstrap once per session, heartbeat, long-poll ``/jobs/pull``, take the execution
 lease before running, renew it while running, post the result, then acknowledge the
@@ -647,7 +647,7 @@ class PipelogiqClient(WorkerProtocol):
 
 # -- outcome mapping ---------------------------------------------------------------------------
 def _result_request(delivery: Delivery, outcome: Outcome) -> ResultRequest:
-    """The result body for an outcome, per DESIGN.md's protocol table."""
+    """The result body for an outcome, as docs/outcomes.md tabulates it."""
     kind = outcome.kind
     fields: dict[str, Any]
     if kind is OutcomeKind.SUCCESS:

@@ -1,4 +1,4 @@
-"""Typed wire models of the Pipelogiq 0.5.0 custom HTTP worker API (seed 000).
+"""Typed wire models of the Pipelogiq 0.5.0 custom HTTP worker API.
 
 Field names are the document's, exactly. Answers ignore unknown fields; request bodies
 are built from models with exact names and dumped without ``None`` fields (except

@@ -1,4 +1,4 @@
-"""The Priostack job-worker client: activate, complete, fail (seeds 002 and 004).
+"""The Priostack job-worker client: activate, complete, fail (docs/protocols.md).
 
 Priostack has no session and no lease: an activated job stays with the worker that
 took it until it is completed or failed, and is never timed out or handed to anyone
@@ -224,7 +224,7 @@ class PriostackClient(WorkerProtocol):
         return deliveries
 
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
-        """Map the outcome per DESIGN.md: complete, or fail with the right ``retries``.
+        """Map the outcome (docs/outcomes.md): complete, or fail with the right ``retries``.
 
         A 404 means the job is gone. After an ambiguous earlier attempt it most likely
         went through: the receipt says ``already_applied``. On a first attempt the job
@@ -505,7 +505,7 @@ def _server_error(response: HttpResponse) -> str:
 
 
 def _plan(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any] | None, int, str]:
-    """(action, variables, retries, errorMessage) for an outcome, per DESIGN.md's table."""
+    """(action, variables, retries, errorMessage) for an outcome (docs/outcomes.md)."""
     kind = outcome.kind
     if kind is OutcomeKind.SUCCESS:
         return "complete", _success_variables(outcome.value), 0, ""

@@ -1,4 +1,4 @@
-"""Typed wire models of the Priostack job-worker API (seeds 002 and 004).
+"""Typed wire models of the Priostack job-worker API.
 
 Job keys are opaque JSON strings and never numbers: the job model uses strict strings
 so a numeric key is a decoding error, never silently converted (a converted key would

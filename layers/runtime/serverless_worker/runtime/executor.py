@@ -109,7 +109,7 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
                          handler_timeout=spec.timeout, job_timeout=delivery.timeout_seconds, lease=lease,
                          now=services.clock())
     if budget < 1.0 or (spec.timeout is not None and budget < spec.timeout):
-        # DESIGN: a delivery whose remaining time cannot fit the handler's timeout is handed back.
+        # A delivery whose remaining time cannot fit the handler's timeout is handed back, not started.
         return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
                          epoch=epoch)
 

@@ -1,7 +1,7 @@
 """Everything one Lambda container (or the local runner) needs, built once.
 
-Clients are created lazily on first use and kept for the life of the container, as
-STYLE.md asks: never a new boto3 or HTTP client per invocation.
+Clients are created lazily on first use and kept for the life of the container:
+never a new boto3 or HTTP client per invocation.
 """
 
 from __future__ import annotations

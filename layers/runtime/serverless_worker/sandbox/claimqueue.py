@@ -1,4 +1,4 @@
-"""A claim queue ("task" service) in memory, behaving as seed 003 says.
+"""A claim queue ("task" service) in memory, behaving as its worker documentation says.
 
 What it reproduces: a claim hands out the *oldest* pending item matching the criteria,
 leased exclusively for the queue's lease seconds, and counts an attempt; a lapsed lease

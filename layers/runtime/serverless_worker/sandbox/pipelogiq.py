@@ -1,4 +1,4 @@
-"""An in-memory emulator of the Pipelogiq 0.5.0 custom HTTP worker API (seed 000).
+"""An in-memory emulator of the Pipelogiq 0.5.0 custom HTTP worker API.
 
 It checks exactly the credential the document's table names per endpoint, long-polls
 pull, hands out opaque delivery tokens with a visibility timeout, fences executions

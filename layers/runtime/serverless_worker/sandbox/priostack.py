@@ -1,4 +1,4 @@
-"""A Priostack job-worker server in memory, behaving as seeds 002 and 004 say.
+"""A Priostack job-worker server in memory, behaving as the worker documentation says.
 
 What it reproduces, because the client must cope with each: the body is read before
 the key is checked (400 ``invalid json`` beats 401); activation answers at once and
