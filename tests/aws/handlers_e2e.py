@@ -39,6 +39,7 @@ class Recorder:
         self.died: set[str] = set()
         self.release = threading.Event()     # lets e2e.hang return
         self.started = threading.Condition(self._lock)
+        self.cancel_reasons: dict[str, str | None] = {}  # e2e.progressing: why each run stopped
 
     def reset(self) -> None:
         with self._lock:
@@ -46,6 +47,7 @@ class Recorder:
             self.active = self.max_active = 0
             self.died.clear()
             self.release = threading.Event()
+            self.cancel_reasons.clear()
 
     def enter(self, name: str, job: Job[Any]) -> None:
         with self._lock:
@@ -145,6 +147,20 @@ def _until_released(name: str, job: Job[Any]) -> Any:
         while not release.wait(0.05):
             job.raise_if_cancelled()
         return {"released": True}
+
+
+@handler("e2e.progressing")
+def progressing(job: Job[Any]) -> Any:
+    """Reports progress every 0.1 s for up to ``input["seconds"]`` (30) or until cancelled."""
+    with _recorded("e2e.progressing", job):
+        steps = int(float((job.input or {}).get("seconds", 30)) * 10)
+        for step in range(steps):
+            if job.wait(0.1):
+                break
+            job.progress({"step": step})
+        RECORDER.cancel_reasons[job.job_id or ""] = job.cancel_reason
+        job.raise_if_cancelled()
+        return {"steps": steps}
 
 
 @handler("e2e.hang")

@@ -26,6 +26,7 @@ from ..protocols.base import Delivery, Lease
 from ..state.errors import ItemTooLargeError, StaleWriteError
 from .context import LambdaContextLike
 from .lease import LeaseKeeper, time_budget
+from .progress import progress_reporter
 from .services import Services
 from .settle import Settlement, acknowledge, discard, hand_back, settle
 
@@ -150,7 +151,7 @@ def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget
                              on_lost=lost, clock=services.clock).start()
     try:
         result = run_handler(spec, delivery, budget_seconds=budget, cancel_event=cancel,
-                             progress=lambda value: _progress(services, delivery, value))
+                             progress=progress_reporter(services, delivery, on_terminal=lost))
     finally:
         if keeper is not None:
             keeper.stop()
@@ -158,13 +159,6 @@ def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget
     if outcome is None:  # a Continue from a short handler is turned into a failure by the runner
         outcome = Outcome(kind=OutcomeKind.FAILURE, error_code="NO_OUTCOME", message="handler produced no outcome")
     return outcome
-
-
-def _progress(services: Services, delivery: Delivery, value: Any) -> None:
-    try:
-        services.protocol.progress(delivery, value)
-    except ProtocolError as err:
-        log.info("progress not reported: %s", err)
 
 
 def _refused(services: Services, ledger_key: str, delivery: Delivery, refusal: LeaseRefusedError) -> Settlement:

@@ -43,12 +43,13 @@ from ..errors import (
     UnknownHandlerError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ..protocols.base import Delivery, Lease
+from ..protocols.base import Lease
 from ..state.errors import StaleWriteError
 from ..state.items import LedgerItem, LedgerStatus
 from .context import LambdaContextLike
 from .executor import _refused
 from .lease import time_budget
+from .progress import progress_reporter
 from .services import Services
 from .settle import _count, acknowledge, discard, hand_back, handback_epoch, report, settle
 
@@ -229,7 +230,7 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
     try:
         result = run_handler(spec, item.delivery, budget_seconds=budget, cancel_event=cancel,
                              checkpoint=item.checkpoint,
-                             progress=lambda value: _progress(services, item.delivery, value))
+                             progress=progress_reporter(services, item.delivery, on_terminal=lambda _: cancel.set()))
     finally:
         watcher.stop()
     if result.continuation is None:
@@ -292,7 +293,7 @@ def start_callback(services: Services, event: dict[str, Any], context: LambdaCon
         return {"started": False}
     budget = max(1.0, _remaining(context) - services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
-                         progress=lambda value: _progress(services, item.delivery, value))
+                         progress=progress_reporter(services, item.delivery, on_terminal=None))
     outcome = result.outcome
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
@@ -511,13 +512,6 @@ def run_step(services: Services, event: dict[str, Any], context: LambdaContextLi
         raise ServerlessWorkerError(f"unknown step {step!r}; expected one of {sorted(STEPS)}")
     with services.flushing_events():
         return STEPS[step](services, event, context)
-
-
-def _progress(services: Services, delivery: Delivery, value: Any) -> None:
-    try:
-        services.protocol.progress(delivery, value)
-    except ProtocolError as err:
-        log.info("progress not reported: %s", err)
 
 
 def _sfn(services: Services) -> Any:
