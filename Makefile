@@ -117,8 +117,9 @@ ruff: venv ## ruff on everything
 mypy: venv ## mypy on the package
 	$(VENV)/bin/mypy
 
-sam-validate: sam-venv ## sam validate --lint on template.yaml
+sam-validate: sam-venv ## sam validate --lint on template.yaml, and how it publishes versions (check_versions.py)
 	$(SAM) validate --lint --region $(AWS_REGION)
+	$(SAM_VENV)/bin/python scripts/check_versions.py template.yaml
 
 sam-build: sam-venv ## sam build for ARCHITECTURE (x86_64 or arm64) with python3.13, then check the bytecode
 	$(SAM) build --parameter-overrides Architecture=$(ARCHITECTURE)

@@ -56,13 +56,14 @@ def _localize(template: dict[str, Any], root: Path) -> None:
         function_globals["CodeUri"] = _PLACEHOLDER.format("Globals")
 
 
-def translate(path: Path) -> dict[str, Any]:
-    """The CloudFormation template ``path`` deploys as (parameter defaults, us-east-1)."""
+def translate(path: Path, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The CloudFormation template ``path`` deploys as (parameter defaults unless
+    ``overrides`` names them, us-east-1)."""
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # pseudo parameters need a region
     template = yaml_parse(path.read_text())
     _localize(template, path.parent)
     parameters = {"AWS::Region": "us-east-1", "AWS::Partition": "aws", "AWS::AccountId": "123456789012",
-                  "AWS::StackName": "iam-scan"}
+                  "AWS::StackName": "iam-scan", **(overrides or {})}
     return transform(template, parameters, _NoManagedPolicies(), passthrough_metadata=True)
 
 
