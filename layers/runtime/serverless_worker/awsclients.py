@@ -56,6 +56,8 @@ def shared_session() -> Any:
             _BOTOCORE = botocore.session.get_session()
             if loaded is not None:
                 _BOTOCORE.register_component("data_loader", loaded)
+                # Building the loader read the profile and refused a missing one; read it here instead.
+                _BOTOCORE.get_scoped_config()
             boto3.setup_default_session(botocore_session=_BOTOCORE)
         return boto3.DEFAULT_SESSION
 
