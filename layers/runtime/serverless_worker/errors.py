@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AuthenticationError",
+    "BadInputError",
     "BadRequestError",
     "BusinessError",
     "ConfigurationError",
@@ -17,6 +18,7 @@ __all__ = [
     "JobCancelledError",
     "LeaseRefusedError",
     "NotFoundAfterRetryError",
+    "NotJsonSerializableError",
     "NotFoundError",
     "PayloadTooLargeError",
     "ProtocolError",
@@ -36,6 +38,14 @@ class ServerlessWorkerError(Exception):
 
 class ConfigurationError(ServerlessWorkerError):
     """A setting is missing or invalid; the message names each bad setting."""
+
+
+class BadInputError(ServerlessWorkerError, ValueError):
+    """The payload cannot be given to the handler; the message names fields, never values."""
+
+
+class NotJsonSerializableError(ServerlessWorkerError, TypeError):
+    """A value cannot become JSON; the message names its type, never its content."""
 
 
 class PayloadTooLargeError(ServerlessWorkerError, ValueError):

@@ -24,14 +24,11 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from .errors import NotJsonSerializableError
 from .job import rfc3339
 from .outcome import AppendedStage, ContextUpdate, ResultExtras, ResultLog
 
 __all__ = ["Continue", "NotJsonSerializableError", "Result", "to_jsonable"]
-
-
-class NotJsonSerializableError(TypeError):
-    """A value cannot become JSON; the message names its type, never its content."""
 
 
 def to_jsonable(value: Any) -> Any:

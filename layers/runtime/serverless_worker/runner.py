@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import BusinessError, JobCancelledError
+from .errors import BadInputError, BusinessError, JobCancelledError
 from .handlers import HandlerSpec
 from .job import CancelReason, Clock, Job, ProgressReporter, truncate_utf8
 from .outcome import Outcome, OutcomeKind, ResultExtras, ResultLog
@@ -62,10 +62,6 @@ CANCEL_OUTCOMES: dict[CancelReason, tuple[OutcomeKind, str]] = {
     CancelReason.TIMEOUT: (OutcomeKind.TIMEOUT, "HANDLER_TIMEOUT"),
     CancelReason.SHUTDOWN: (OutcomeKind.NOT_STARTED, "SHUTDOWN"),
 }
-
-
-class BadInputError(ValueError):
-    """The payload cannot be given to the handler; the message names fields, never values."""
 
 
 class CancelSignal(threading.Event):
