@@ -92,9 +92,9 @@ def _clear_errors(entry: Entry) -> Entry:
 
 
 def tick_trigger(event: Any) -> dict[str, str]:
-    """What started a tick, for its first log line: ``schedule`` (an EventBridge scheduled
-    event, with its rule's name) or ``direct`` (an operator's or a test's invoke). Only these
-    fixed words and the rule name are logged, never the event itself."""
+    """What started a tick, for the scheduler function's first log line: ``schedule`` (an
+    EventBridge scheduled event, with its rule's name) or ``direct`` (an operator's or a
+    test's invoke). Only these fixed words and the rule name are logged, never the event."""
     if isinstance(event, dict) and event.get("source") == "aws.events" \
             and event.get("detail-type") == "Scheduled Event":
         resources = event.get("resources") or [""]
@@ -105,7 +105,6 @@ def tick_trigger(event: Any) -> dict[str, str]:
 
 @_clear_errors
 def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-    log.info("tick started", extra=tick_trigger(event))
     report = _scheduler().tick(context, window=event.get("poll_window_seconds") if event else None)
     m = _metrics()
     m.add("DeliveriesPulled", report.pulled)
