@@ -46,16 +46,20 @@ SANDBOX_CONFIG: dict[str, dict[str, Any]] = {
     # A 25 s lease, which the 35 s job outlives only by renewing it: LocalStack starts a
     # container per concurrent step (seconds each on two busy cores), and a 10 s lease lapsed
     # between a slice's end and its report. Visibility well past a cold start.
-    "pipelogiq": {"lease_seconds": 25, "visibility_timeout": 120, "poll_interval": 0.05},
+    # Visibility and the claim lease well past a cold start: when the first tick fans out to a
+    # dozen new containers at once on two cores, an executor can start minutes late.
+    "pipelogiq": {"lease_seconds": 25, "visibility_timeout": 300, "poll_interval": 0.05},
     "priostack": {},
-    "claimqueue": {"lease_seconds": 90},
+    "claimqueue": {"lease_seconds": 300},
 }
 # The parameters every stack gets; ScheduleRate is the real schedule, one tick a minute.
 PARAMETERS = {
     "HandlerModule": "deployed_tier", "Handlers": HANDLERS, "ScheduleRate": "rate(1 minute)",
-    "PollWindowSeconds": "20", "Liveness": "while-work", "LeaseRenewSeconds": "2",
+    # At most 3 deliveries in flight per stack (9 executor containers, not 15 cold starts at
+    # once); the tick pulls on for 40 s as they finish.
+    "PollWindowSeconds": "40", "Liveness": "while-work", "LeaseRenewSeconds": "2",
     "ExecutorTimeoutSeconds": "60", "ExecutorMemorySize": "256", "ExecutorReservedConcurrency": "10",
-    "MaxInFlight": "10", "SchedulerTracing": "PassThrough", "LogLevel": "INFO",
+    "MaxInFlight": "3", "SchedulerTracing": "PassThrough", "LogLevel": "INFO",
 }
 
 

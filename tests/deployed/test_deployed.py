@@ -139,7 +139,7 @@ def test_long_running_path(tier: Tier) -> None:
         done = [e for e in runs if e["status"] != "RUNNING"]
         return runs if len(runs) >= 4 and len(done) == len(runs) else None
 
-    runs = wait_for(finished, 180, "four long-running executions finished", interval=2)
+    runs = wait_for(finished, 240, "four long-running executions finished", interval=2)
     assert {e["status"] for e in runs} == {"SUCCEEDED"}, runs
 
     steady = _pipelogiq_job(env, "long-steady")
