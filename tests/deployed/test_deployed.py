@@ -32,7 +32,7 @@ from serverless_worker.state import LedgerStatus
 
 # The schedule fires once a minute; a tick pulls for 20 s; LocalStack starts a container per
 # function on first use (seconds on two busy cores).
-SCHEDULE_WAIT = 200.0
+SCHEDULE_WAIT = 300.0
 _CHECKS = {"pipelogiq": _check_pipelogiq_outcomes, "priostack": _check_priostack_outcomes,
            "claimqueue": _check_claimqueue_outcomes}
 
