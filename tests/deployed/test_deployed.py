@@ -222,8 +222,9 @@ def test_redeploy_while_jobs_are_in_flight(tier: Tier) -> None:
     # changes, and a parameter's value is not part of it, so `live` keeps the old version and
     # its configuration after a parameter-only deploy. Recorded, not asserted either way.
     after = stack.lambda_client.get_alias(FunctionName=stack.outputs["ExecutorFunctionName"], Name="live")
+    # (LocalStack answers GetFunctionConfiguration for a version, not for an alias.)
     live = stack.lambda_client.get_function_configuration(FunctionName=stack.outputs["ExecutorFunctionName"],
-                                                          Qualifier="live")
+                                                          Qualifier=after["FunctionVersion"])
     tier.notes.append(f"live alias v{alias['FunctionVersion']} -> v{after['FunctionVersion']} "
                       f"(LogLevel there {live['Environment']['Variables']['SW_LOG_LEVEL']})")
 
