@@ -58,7 +58,7 @@ define fresh_venv
 	@rm -f $(1)/.installed-*
 endef
 
-.PHONY: help venv sam-venv checkov-venv test run bench lint ruff mypy sam-validate sam-build sam-local-invoke iam-scan clean distclean
+.PHONY: help venv sam-venv checkov-venv test test-deployed run bench lint ruff mypy sam-validate sam-build sam-local-invoke iam-scan clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -89,6 +89,21 @@ $(CHECKOV_STAMP):
 test: venv ## run every test tier in parallel (installs DynamoDB Local first when the project has it)
 	@if [ -f scripts/install-dynamodb-local.sh ]; then bash scripts/install-dynamodb-local.sh; fi
 	$(VENV)/bin/python -m pytest -n auto --durations=10 $(PYTEST_ARGS)
+
+# The deployed tier (tests/deployed, which `make test` never collects): sam build, the three
+# sandboxes on loopback, a plain `sam deploy` of template.yaml per protocol into LocalStack,
+# every protocol worked on the stack's own schedule, the long-running path, the failure paths,
+# a log scan for secrets and `sam delete`; it ends with the `deployed tier:` line. LocalStack
+# is AWS_ENDPOINT_URL when set (LocalStack's container), else the shared host script beside
+# this repository (LOCALSTACK_HOST), started and stopped by the run. About 10 minutes.
+LOCALSTACK_HOST ?= $(abspath $(CURDIR)/..)/shared/tools/localstack-host.sh
+DEPLOYED_SUMMARY := .aws-sam/deployed/summary.txt
+test-deployed: venv sam-venv ## sam deploy the stack into LocalStack and run every protocol through it
+	@rm -f $(DEPLOYED_SUMMARY)
+	@status=0; SW_DEPLOYED_TIER=1 SW_LOCALSTACK_HOST="$(LOCALSTACK_HOST)" $(VENV)/bin/python -m pytest \
+		tests/deployed -p no:cacheprovider -p no:xdist --timeout 1500 -v $(PYTEST_ARGS) || status=$$?; \
+	if [ -f $(DEPLOYED_SUMMARY) ]; then cat $(DEPLOYED_SUMMARY); else echo "deployed tier: FAILED before any stack was deployed"; fi; \
+	exit $$status
 
 # The main command: the demo, locally, on embedded defaults (built-in sandbox, embedded
 # DynamoDB and Step Functions), ending with a summary once idle.

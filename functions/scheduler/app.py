@@ -8,7 +8,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from aws_lambda_powertools import Logger
 
-from serverless_worker.runtime.entry import scheduler_tick
+from serverless_worker.runtime.entry import scheduler_tick, tick_trigger
 from serverless_worker.runtime.snapstart import install
 
 logger = Logger()
@@ -18,4 +18,7 @@ install("scheduler")
 
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event, context):
+    # Through Powertools' logger: in Lambda only it writes INFO lines (the package's own
+    # loggers reach the runtime's root handler, which passes WARNING and above).
+    logger.info("tick started", extra=tick_trigger(event))
     return scheduler_tick(event, context)

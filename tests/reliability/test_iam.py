@@ -98,7 +98,7 @@ def test_each_function_reaches_only_its_own_resources(function: str, template: d
     expected: dict[str, dict[str, list[Any]]] = {
         "SchedulerFunction": {
             "dynamodb:Query": [INDEX], "dynamodb:BatchGetItem": [TABLE],
-            "lambda:InvokeFunction": [{"Ref": "ExecutorFunction.Alias"}],  # the live alias only
+            "lambda:InvokeFunction": [{"Fn::Sub": "${ExecutorFunction.Arn}:live"}],  # the live alias only
             "states:StartExecution": [{"Ref": "WorkerStateMachine"}],
         },
         "DrainFunction": {"dynamodb:Query": [INDEX], "dynamodb:BatchGetItem": [TABLE]},

@@ -135,8 +135,8 @@ def state_machine_definition(logical_id: str, values: dict[str, str], path: Path
 
 
 def function_reference(value: Any) -> str | None:
-    """The logical id behind ``!GetAtt F.Arn`` or ``!Ref F.Alias`` (how the stack names a
-    function it invokes), else None."""
+    """The logical id behind ``!GetAtt F.Arn``, ``!Ref F.Alias`` or ``!Sub "${F.Arn}:live"``
+    (how the stack names a function it invokes), else None."""
     if not isinstance(value, dict):
         return None
     target = value.get("Fn::GetAtt")
@@ -145,6 +145,9 @@ def function_reference(value: Any) -> str | None:
     ref = value.get("Ref")
     if isinstance(ref, str) and ref.endswith(".Alias"):
         return ref.removesuffix(".Alias")
+    alias = re.fullmatch(r"\$\{([A-Za-z0-9]+)\.Arn\}:[A-Za-z0-9_-]+", str(value.get("Fn::Sub", "")))
+    if alias:  # !Sub "${F.Arn}:live": an alias's ARN, written out
+        return alias.group(1)
     return None
 
 
@@ -164,7 +167,7 @@ def _refs(value: Any) -> list[str]:
         found = [value["Ref"].split(".", 1)[0]] if isinstance(value.get("Ref"), str) else []
         if "Fn::Sub" in value:
             text = value["Fn::Sub"] if isinstance(value["Fn::Sub"], str) else value["Fn::Sub"][0]
-            found += re.findall(r"\$\{([A-Za-z0-9]+)\}", text)
+            found += re.findall(r"\$\{([A-Za-z0-9]+)(?:\.[A-Za-z0-9.]+)?\}", text)  # ${X} and ${X.Attr}
         if "Fn::GetAtt" in value:
             found.append(value["Fn::GetAtt"][0])
         for inner in value.values():

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .services import Services
 
 __all__ = ["aws_setup_error", "drain_worker", "execute_delivery", "reset_services", "scheduler_tick",
-           "services_from_environment", "state_machine_step"]
+           "services_from_environment", "state_machine_step", "tick_trigger"]
 
 log = logging.getLogger("serverless_worker.entry")
 
@@ -89,6 +89,18 @@ def _clear_errors(entry: Entry) -> Entry:
             raise clear from err
 
     return wrapper
+
+
+def tick_trigger(event: Any) -> dict[str, str]:
+    """What started a tick, for the scheduler function's first log line: ``schedule`` (an
+    EventBridge scheduled event, with its rule's name) or ``direct`` (an operator's or a
+    test's invoke). Only these fixed words and the rule name are logged, never the event."""
+    if isinstance(event, dict) and event.get("source") == "aws.events" \
+            and event.get("detail-type") == "Scheduled Event":
+        resources = event.get("resources") or [""]
+        rule = str(resources[0]).rpartition("/")[2] if isinstance(resources, list) and resources else ""
+        return {"trigger": "schedule", "rule": rule}
+    return {"trigger": "direct"}
 
 
 @_clear_errors

@@ -1,0 +1,224 @@
+"""Deployed tier: `sam build` + a plain `sam deploy` of template.yaml into LocalStack, one
+stack per protocol, each against its sandbox on loopback, driven by its own schedule.
+
+Only `make test-deployed` collects this directory (tests/conftest.py). LocalStack comes
+from ``AWS_ENDPOINT_URL`` when it is set (LocalStack's container, say), else from the
+shared host script (../shared/tools/localstack-host.sh, or ``SW_LOCALSTACK_HOST``),
+started here and stopped at the end. Lambda containers use the host's network, so the
+functions reach the sandboxes at 127.0.0.1.
+
+The session fixture seeds the short-path jobs before the deploy, so the first scheduled
+tick finds them; the tests then run in file order against the same three stacks.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aws"))  # aws.test_short_path imports e2e_support
+
+from aws.conftest import Env
+from deployed.localstack import REGION, ROOT, DeployedStack, Sam, clients
+from reliability.test_secrets import MARK, _Tokens
+from serverless_worker.sandbox import create_sandbox
+from serverless_worker.sandbox._server import SandboxServer
+from serverless_worker.sandbox.admin import SandboxAdmin
+
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+SUMMARY_PATH = ROOT / ".aws-sam" / "deployed" / "summary.txt"
+# Every handler the tier's jobs use (the claim queue pulls per queue, Pipelogiq per handler).
+HANDLERS = ("e2e.validated,e2e.ghost,e2e.reject,e2e.boom,e2e.slow,"
+            "long-steady,long-pages,long-callback,long-callback-patient")
+SANDBOX_CONFIG: dict[str, dict[str, Any]] = {
+    # A 25 s lease, which the 35 s job outlives only by renewing it: LocalStack starts a
+    # container per concurrent step (seconds each on two busy cores), and a 10 s lease lapsed
+    # between a slice's end and its report. Visibility well past a cold start.
+    # Visibility and the claim lease well past a cold start: when the first tick fans out to a
+    # dozen new containers at once on two cores, an executor can start minutes late.
+    "pipelogiq": {"lease_seconds": 25, "visibility_timeout": 300, "poll_interval": 0.05},
+    "priostack": {},
+    "claimqueue": {"lease_seconds": 300},
+}
+# The parameters every stack gets; ScheduleRate is the real schedule, one tick a minute.
+PARAMETERS = {
+    "HandlerModule": "deployed_tier", "Handlers": HANDLERS, "ScheduleRate": "rate(1 minute)",
+    # At most 3 deliveries in flight per stack (9 executor containers, not 15 cold starts at
+    # once); the tick pulls on for 40 s as they finish.
+    "PollWindowSeconds": "40", "Liveness": "while-work", "LeaseRenewSeconds": "2",
+    "ExecutorTimeoutSeconds": "60", "ExecutorMemorySize": "256", "ExecutorReservedConcurrency": "10",
+    "MaxInFlight": "3", "SchedulerTracing": "PassThrough", "LogLevel": "INFO",
+}
+
+
+@dataclass
+class Tier:
+    """The running tier: sandboxes, stacks, secrets to look for, and what the summary says."""
+
+    sam: Sam
+    envs: dict[str, Env]
+    stacks: dict[str, DeployedStack]
+    secrets: list[str]
+    tokens: _Tokens
+    started: float
+    build_seconds: float = 0.0
+    deploy_seconds: float = 0.0
+    jobs: dict[str, Counter[str]] = field(default_factory=dict)
+    schedule_ticks: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    dlq_sent_at: float = 0.0
+
+    def line(self, ok: bool) -> str:
+        def outcomes(p: str) -> str:
+            return ", ".join(f"{state} {n}" for state, n in sorted(self.jobs[p].items()))
+
+        per = "; ".join(f"{p} {sum(self.jobs[p].values())} jobs ({outcomes(p)})" for p in PROTOCOLS if p in self.jobs)
+        ticks = ", ".join(f"{p} {n}" for p, n in self.schedule_ticks.items())
+        extra = f"; {'; '.join(self.notes)}" if self.notes else ""
+        return (f"deployed tier: {'passed' if ok else 'FAILED'}: {per or 'no jobs checked'}; "
+                f"ticks from the schedule: {ticks or 'none seen'}; build {self.build_seconds:.0f} s, "
+                f"deploy {self.deploy_seconds:.0f} s (3 stacks at once), "
+                f"tier {time.monotonic() - self.started:.0f} s{extra}")
+
+
+def _localstack_script() -> Path:
+    return Path(os.environ.get("SW_LOCALSTACK_HOST") or ROOT.parent / "shared" / "tools" / "localstack-host.sh")
+
+
+@pytest.fixture(scope="session")
+def localstack() -> Iterator[str]:
+    """The endpoint: AWS_ENDPOINT_URL as given, or the host script's LocalStack (started
+    here, with short async retry delays, and stopped at the end if this run started it)."""
+    given = os.environ.get("AWS_ENDPOINT_URL")
+    for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                       ("AWS_DEFAULT_REGION", REGION)):
+        os.environ.setdefault(key, value)
+    if given:
+        yield given
+        return
+    script = _localstack_script()
+    already = subprocess.run(["bash", str(script), "status"], capture_output=True, check=False).returncode == 0
+    if not already:
+        # LocalStack retries a failed async event after 1x and 2x this many seconds (AWS: about
+        # 1 and 2 minutes); the dead-letter check waits for both.
+        subprocess.run(["bash", str(script), "start"], check=True, timeout=1200,
+                       env={**os.environ, "LAMBDA_RETRY_BASE_DELAY": "5"})
+    env = subprocess.run(["bash", str(script), "env"], capture_output=True, text=True, check=True).stdout
+    for line in env.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        if key in ("AWS_ENDPOINT_URL", "DOCKER_HOST"):
+            os.environ[key] = value
+    try:
+        yield os.environ["AWS_ENDPOINT_URL"]
+    finally:
+        if not already:
+            subprocess.run(["bash", str(script), "stop"], check=False, timeout=300)
+
+
+def _store_key(protocol: str, key: str, run: str) -> dict[str, str]:
+    """The API key in SSM (a SecureString), or for Priostack in Secrets Manager."""
+    if protocol == "priostack":
+        arn = clients("secretsmanager").create_secret(Name=f"sw-deployed/{run}/{protocol}",
+                                                      SecretString=key)["ARN"]
+        return {"ApiKeySecretArn": arn}
+    name = f"/sw-deployed/{run}/{protocol}/api-key"
+    clients("ssm").put_parameter(Name=name, Value=key, Type="SecureString", Overwrite=True)
+    return {"ApiKeyParameterName": name}
+
+
+def _sandbox(protocol: str, key: str) -> SandboxServer:
+    auth: dict[str, Any] = {"pipelogiq": {"api_keys": {key: 12}}, "priostack": {"api_keys": [key]},
+                            "claimqueue": {"tokens": [key]}}[protocol]
+    return SandboxServer(create_sandbox(protocol, **SANDBOX_CONFIG[protocol], **auth)).start()
+
+
+@pytest.fixture(scope="session")
+def tier(localstack: str) -> Iterator[Tier]:
+    from aws.test_short_path import _seed_outcomes
+    from serverless_worker.sandbox import pipelogiq as pipelogiq_sandbox
+
+    started = time.monotonic()
+    run = uuid.uuid4().hex[:6]
+    sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=ROOT / ".aws-sam" / "deployed" / "build",
+              bucket=f"sw-deployed-{run}", log_dir=ROOT / ".aws-sam" / "deployed" / "logs")
+    tokens = _Tokens()  # Pipelogiq session and delivery tokens that carry MARK
+    original_secrets = pipelogiq_sandbox.secrets
+    pipelogiq_sandbox.secrets = tokens  # type: ignore[assignment]
+    servers: list[SandboxServer] = []
+    stacks: dict[str, DeployedStack] = {}
+    tier_: Tier | None = None
+    try:
+        build_seconds = sam.build()
+        clients("s3").create_bucket(Bucket=sam.bucket)
+        envs: dict[str, Env] = {}
+        keys: list[str] = []
+        for protocol in PROTOCOLS:
+            key = f"{MARK}-{protocol}-key-{secrets.token_hex(8)}"
+            keys.append(key)
+            server = _sandbox(protocol, key)
+            servers.append(server)
+            assert server.url.startswith("http://127.0.0.1:"), server.url
+            stack = DeployedStack(name=f"sw-deployed-{protocol}-{run}", protocol=protocol, parameters={
+                **PARAMETERS, "Protocol": protocol, "BaseUrl": server.url, **_store_key(protocol, key, run)})
+            stacks[protocol] = stack
+            envs[protocol] = Env(protocol, server, SandboxAdmin(server.url), stack)  # type: ignore[arg-type]
+            _seed_outcomes(envs[protocol])  # before the deploy: the first scheduled tick takes them
+        tier_ = Tier(sam=sam, envs=envs, stacks=stacks, secrets=keys, tokens=tokens, started=started,
+                     build_seconds=build_seconds)
+
+        def deploy(stack: DeployedStack) -> None:
+            stack.deploy_seconds = sam.deploy(stack.name, stack.parameters)
+            stack.load_outputs()
+
+        deploy_started = time.monotonic()
+        with ThreadPoolExecutor(len(stacks)) as pool:
+            for future in [pool.submit(deploy, s) for s in stacks.values()]:
+                future.result()
+        tier_.deploy_seconds = time.monotonic() - deploy_started
+        yield tier_
+    finally:
+        if tier_ is not None:
+            _FINISHED.append(tier_)
+        for stack in stacks.values():  # whatever test_sam_delete did not remove
+            try:
+                clients("cloudformation").describe_stacks(StackName=stack.name)
+            except Exception:
+                continue
+            try:
+                sam.delete(stack.name)
+            except Exception as err:
+                print(f"teardown: sam delete {stack.name}: {err}")
+        for server in servers:
+            server.stop()
+        pipelogiq_sandbox.secrets = original_secrets
+
+
+_FINISHED: list[Tier] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    SUMMARY_PATH.unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The closing `deployed tier:` line (also written where `make test-deployed` prints it last)."""
+    if not _FINISHED:
+        return
+    stats = terminalreporter.stats
+    ok = not stats.get("failed") and not stats.get("error") and bool(stats.get("passed"))
+    line = _FINISHED[-1].line(ok)
+    SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY_PATH.write_text(line + "\n")
+    terminalreporter.write_line(line)
