@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +17,13 @@ from serverless_worker.sandbox.admin import SandboxAdmin
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 # The deployed tier needs LocalStack and a SAM build: only `make test-deployed` collects it.
 collect_ignore = [] if os.environ.get("SW_DEPLOYED_TIER") == "1" else ["deployed"]
+
+
+@pytest.fixture(autouse=True)
+def _package_log_level_reset() -> Iterator[None]:
+    """A test that runs as in Lambda may set the package logger's level; the next starts unset."""
+    yield
+    logging.getLogger("serverless_worker").setLevel(logging.NOTSET)
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ project's own errors and anything else pass through untouched."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +106,21 @@ def test_unrelated_errors_pass_unchanged() -> None:
 
     with pytest.raises(KeyError):
         failing({}, LocalContext())
+
+
+@pytest.mark.parametrize(("in_lambda", "root", "setting", "expected"), [
+    (True, logging.WARNING, "INFO", logging.INFO),     # Lambda's root level no longer drops INFO lines
+    (True, logging.DEBUG, "INFO", logging.DEBUG),      # never raised above what is already let through
+    (False, logging.WARNING, "INFO", logging.WARNING),  # outside Lambda, logging is whoever set it up
+])
+def test_the_package_logs_at_its_setting_in_lambda(monkeypatch: pytest.MonkeyPatch, in_lambda: bool, root: int,
+                                                    setting: str, expected: int) -> None:
+    from serverless_worker.runtime.entry import _package_log_level
+
+    if in_lambda:
+        monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "serverless-worker-test")
+    else:
+        monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
+    monkeypatch.setattr(logging.getLogger(), "level", root)
+    _package_log_level(setting)
+    assert logging.getLogger("serverless_worker").getEffectiveLevel() == expected

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ def services_from_environment() -> Services:
     from .services import Services
 
     settings = load_settings()
+    _package_log_level(settings.log_level)
     if settings.handler_module:
         load_handlers(settings.handler_module)
     check_region()
@@ -50,6 +52,22 @@ def services_from_environment() -> Services:
     dispatcher = AwsDispatcher(executor_function=settings.executor_function_name,
                                state_machine_arn=settings.state_machine_arn)
     return Services(settings=settings, store=store, registry=default_registry, dispatcher=dispatcher)
+
+
+def _package_log_level(level: str) -> None:
+    """Let the package's own records through at ``SW_LOG_LEVEL``.
+
+    In Lambda its loggers inherit the runtime's root level, WARNING, so every INFO line
+    ("tick done", each settled delivery) was dropped where it was made. This only ever
+    lowers the level, and only in Lambda: elsewhere (the local runner, tests) whoever set up
+    logging decides.
+    """
+    if not os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+        return
+    package = logging.getLogger("serverless_worker")
+    wanted = logging.getLevelName(level.upper())
+    if isinstance(wanted, int) and package.getEffectiveLevel() > wanted:
+        package.setLevel(wanted)
 
 
 @functools.cache
