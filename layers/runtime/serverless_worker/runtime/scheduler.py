@@ -40,8 +40,12 @@ from .settle import hand_back, handback_epoch
 __all__ = ["TickReport", "Scheduler"]
 
 log = logging.getLogger("serverless_worker.scheduler")
-# How long a tick waits for a batch's worth of room when only a few slots are free.
+# How long a tick waits for a batch's worth of room when only a few slots are free: one
+# step of PARTIAL_ROOM_WAIT_SECONDS at a time, for at most ROOM_WAIT_MAX_SECONDS in a row,
+# then it takes what fits. Never longer: a slot held by a long job (or a ledger item
+# nothing settles soon) must not stop every other job from being taken.
 PARTIAL_ROOM_WAIT_SECONDS = 0.05
+ROOM_WAIT_MAX_SECONDS = 2.0
 
 SAFETY_SECONDS = 5.0  # end the window this long before Lambda's own timeout
 
@@ -85,6 +89,7 @@ class Scheduler:
         self._next_heartbeat = 0.0
         self._started = time.time()
         self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
+        self.room_wait_max = ROOM_WAIT_MAX_SECONDS  # the longest wait for a batch's worth of room
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -137,13 +142,14 @@ class Scheduler:
         limit = self._capacity_limit()
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
         want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
-        in_flight = store.count_in_flight(services.protocol_name, services.instance)
+        in_flight = store.count_in_flight(services.protocol_name, services.instance, live_at=clock())
         handlers = services.handler_names()
         busy_until = start + self._idle_window(full_end - start)
         backoff = EmptyPollBackoff(settings.poll_backoff_seconds,
                                    settings.poll_backoff_max_seconds or services.protocol.empty_poll_backoff)
         rounds = 0
         worked = False  # the last round's pulls returned work (see _pull's ``hurry``)
+        room_since: float | None = None  # since when some, but not a batch's worth of, room is free
         while report.stopped is None:
             end = min(full_end, busy_until)
             # Stop when less than a second is left: a pull then could outlast the window. The
@@ -161,16 +167,24 @@ class Scheduler:
                 # Re-count once every pulled delivery is in the ledger: executors finish
                 # during the window.
                 pending.drain(report)
-                in_flight = store.count_in_flight(services.protocol_name, services.instance)
-                if limit - in_flight < want:
+                in_flight = store.count_in_flight(services.protocol_name, services.instance,
+                                                  live_at=clock())
+                free = limit - in_flight
+                if free <= 0:
+                    room_since = None
+                elif room_since is None:
+                    room_since = clock()
+                waited_enough = room_since is not None and clock() - room_since >= self.room_wait_max
+                if free < want and not waited_enough:
                     report.full_waits += 1
                     busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)  # work exists
                     # Nothing free: wait for an executor. A few slots free where one call
                     # hands out a whole batch: wait briefly for a batch's worth rather than
-                    # spend a call on every few jobs.
-                    pause = 1.0 if limit - in_flight <= 0 else PARTIAL_ROOM_WAIT_SECONDS
+                    # spend a call on every few jobs, but never longer than room_wait_max.
+                    pause = 1.0 if free <= 0 else PARTIAL_ROOM_WAIT_SECONDS
                     self._wait_for_capacity(min(pause, max(0.0, end - clock())))
-                continue
+                    continue
+            room_since = None
             got, full = 0, False
             for name in self._in_turn(handlers):
                 room = min(settings.batch_size, limit - in_flight)

@@ -143,6 +143,7 @@ class LedgerItem:
     deadline: float | None = None        # set only while in flight (the index's range key)
     runs: int = 0                        # how many times start_run claimed it (slices, retries)
     renewals: int = 0                    # renew_deadline calls by the current epoch
+    settle_failures: int = 0             # settling calls (report, ack, hand back) that failed in a row
     outcome: Outcome | None = None
     checkpoint: Any = None               # a continuation's checkpoint (JSON), cleared with the outcome
     report: ReportReceipt | None = None
@@ -182,6 +183,7 @@ class LedgerItem:
             deadline=float(attrs["deadline"]) if "deadline" in attrs else None,
             runs=int(attrs.get("runs", 0)),
             renewals=int(attrs.get("renewals", 0)),
+            settle_failures=int(attrs.get("settle_failures", 0)),
             outcome=Outcome.model_validate(outcome) if outcome is not None else None,
             checkpoint=_loads(attrs.get("checkpoint")),
             report=ReportReceipt.model_validate(report) if report is not None else None,

@@ -26,7 +26,8 @@ Ledger statuses (``LedgerStatus``) and the condition on each transition::
     record_delivery   (new)                  -> RECORDED      absent, or final and past its ttl
     mark_dispatched   RECORDED               -> DISPATCHED
     mark_dispatch_failed RECORDED|DISPATCHED -> DISPATCH_FAILED (deadline = now: reaped next)
-    start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch)
+    start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch); a hand-back
+                      claim (epoch ``handback:...``) also takes DISPATCH_FAILED
     take_over         RUNNING(old)           -> RUNNING(new)
     save_checkpoint / renew_deadline / request_cancel / request_handover: RUNNING(epoch)
     store_outcome     RUNNING(epoch)         -> OUTCOME_STORED
@@ -34,6 +35,8 @@ Ledger statuses (``LedgerStatus``) and the condition on each transition::
     mark_acknowledged REPORTED               -> ACKNOWLEDGED   final
     mark_handed_back  any not yet REPORTED   -> HANDED_BACK    final (optionally epoch-fenced)
     mark_discarded    any not yet REPORTED   -> DISCARDED      final (optionally epoch-fenced)
+    note_settle_failure any in flight        -> (same)         deadline = the reaper's retry time
+    mark_abandoned    any not yet REPORTED   -> DISCARDED      final, the job's return recorded again
 
 Final states drop ``scope``/``deadline`` (leaving the index) and set ``ttl`` seven days on.
 A refused transition that the caller branches on returns ``False``/``None``; a fenced
@@ -283,7 +286,10 @@ class StateStore:
         update = ("SET #status = :running, #epoch = :epoch, #deadline = :deadline, #updated_at = :now, "
                   "#started_at = if_not_exists(#started_at, :now) ADD #runs :one")
         # Claim an unstarted delivery, or resume our own run (a continuation slice, a retried invocation).
-        condition = "#status IN (:recorded, :dispatched) OR (#status = :running AND #epoch = :epoch)"
+        # One whose dispatch failed is only claimed to be handed back (the reaper), never run.
+        unstarted = "(:recorded, :dispatched, :dispatch_failed)" if epoch.startswith(HANDBACK_EPOCH_PREFIX) \
+            else "(:recorded, :dispatched)"
+        condition = f"#status IN {unstarted} OR (#status = :running AND #epoch = :epoch)"
         response = self._update(key, update, condition, self._values(epoch=epoch, deadline=deadline, one=1),
                                 returns="ALL_NEW", what="the run")
         return LedgerItem.from_attributes(from_item(response["Attributes"])) if response is not None else None
@@ -385,10 +391,42 @@ class StateStore:
         # Same rule as handing back: only what has not been reported, fenced by epoch when given.
         return self._final(key, LedgerStatus.DISCARDED, _unreported(epoch), reason=reason, epoch=epoch)
 
+    def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
+        """A settling call failed: the item is retried by the reaper at ``retry_at`` (its new
+        deadline, so it stops holding capacity then); returns the failures in a row.
+
+        ``0`` when the item is already final (someone else settled it meanwhile)."""
+        parse_ledger_key(key)
+        update = ("SET #deadline = :retry_at, #error = :error, #updated_at = :now "
+                  "ADD #settle_failures :one")
+        # Only while in flight: a final item left the index and must not be put back in it.
+        response = self._update(key, update, "attribute_exists(#scope)",
+                                self._values(retry_at=retry_at, error=error[:500], one=1),
+                                returns="UPDATED_NEW", what="the ledger item")
+        return int(from_item(response["Attributes"])["settle_failures"]) if response is not None else 0
+
+    def postpone(self, key: str, deadline: float) -> bool:
+        """Move an in-flight item's deadline (when the reaper next looks at it)."""
+        # Only while in flight, as note_settle_failure.
+        return self._transition(key, "SET #deadline = :deadline, #updated_at = :now", "attribute_exists(#scope)",
+                                deadline=deadline)
+
+    def mark_abandoned(self, key: str, reason: str) -> bool:
+        """Final: settling failed too often. The item is DISCARDED and marked as unknown to
+        the server, so that the job's return is recorded again (with the stored outcome, if
+        any: re-reported, never re-run)."""
+        # Only what has not been reported: a reported outcome is acknowledged instead.
+        return self._final(key, LedgerStatus.DISCARDED, _UNREPORTED, reason=reason, unknown_to_server=True)
+
     # -- in flight -----------------------------------------------------------------
-    def count_in_flight(self, protocol: str, instance: str) -> int:
-        """Unsettled deliveries of this instance (index reads are eventually consistent)."""
-        pages = self._index_pages(scope_of(protocol, instance), None, count=True)
+    def count_in_flight(self, protocol: str, instance: str, *, live_at: float | None = None) -> int:
+        """Unsettled deliveries of this instance (index reads are eventually consistent).
+
+        With ``live_at`` only those whose deadline has not passed by then: something (an
+        executor, a state machine) will settle each of them by its deadline. One past its
+        deadline is the reaper's, and must not hold a slot of capacity while it waits for
+        the next tick's reap: that is what capacity is counted with."""
+        pages = self._index_pages(scope_of(protocol, instance), None, count=True, not_before=live_at)
         return sum(page["Count"] for page in pages)
 
     def in_flight(self, protocol: str, instance: str) -> list[LedgerItem]:
@@ -533,10 +571,16 @@ class StateStore:
         except BotoCoreError as err:
             raise StateStoreError(f"DynamoDB {operation} for {key} failed: {type(err).__name__}") from err
 
-    def _index_pages(self, scope: str, before: float | None, *, count: bool) -> Iterator[dict[str, Any]]:
-        condition = "#scope = :scope" + (" AND #deadline < :before" if before is not None else "")
+    def _index_pages(self, scope: str, before: float | None, *, count: bool,
+                     not_before: float | None = None) -> Iterator[dict[str, Any]]:
+        condition = "#scope = :scope"
+        if before is not None:
+            condition += " AND #deadline < :before"
+        elif not_before is not None:
+            condition += " AND #deadline >= :not_before"
+        values = {"scope": scope, "before": before, "not_before": not_before}
         request: dict[str, Any] = {"IndexName": IN_FLIGHT_INDEX, "KeyConditionExpression": condition,
-                                   **self._expression(condition, values={"scope": scope, "before": before})}
+                                   **self._expression(condition, values=values)}
         if count:
             request["Select"] = "COUNT"
         while True:
