@@ -165,6 +165,7 @@ class WorkerProtocol(ABC):
     needs_session: ClassVar[bool] = False      # open_session must be called before work
     has_lease: ClassVar[bool] = False          # acquire is a server call that can refuse
     lease_renewable: ClassVar[bool] = False    # renew extends the lease
+    late_results: ClassVar[bool] = False       # a result after the lease lapsed still counts (if first)
     supports_events: ClassVar[bool] = False    # send_events reaches the server
     long_poll: ClassVar[bool] = False          # pull waits server-side for work (no idle sleep needed)
     empty_poll_backoff: ClassVar[float] = 1.0  # longest wait between empty pulls when not long-polling

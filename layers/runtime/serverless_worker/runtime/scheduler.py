@@ -63,6 +63,7 @@ class TickReport:
     stopped: str | None = None
     duration: float = 0.0
     errors: list[str] = field(default_factory=list)
+    unfit: dict[str, str] = field(default_factory=dict)  # handler -> why its timeout can never fit
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -143,7 +144,10 @@ class Scheduler:
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
         want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
         in_flight = store.count_in_flight(services.protocol_name, services.instance, live_at=clock())
-        handlers = services.handler_names()
+        unfit = store.get_control(services.protocol_name, services.instance).get("unfit") or {}
+        handlers = self._fit_handlers(report, unfit)
+        if not handlers:
+            return
         busy_until = start + self._idle_window(full_end - start)
         backoff = EmptyPollBackoff(settings.poll_backoff_seconds,
                                    settings.poll_backoff_max_seconds or services.protocol.empty_poll_backoff)
@@ -162,6 +166,11 @@ class Scheduler:
                 if control.get("stopped") or control.get("draining"):
                     report.stopped = "stopped" if control.get("stopped") else "draining"
                     break
+                if set(control.get("unfit") or {}) - set(unfit):
+                    unfit = control["unfit"]
+                    handlers = self._fit_handlers(report, unfit)
+                    if not handlers:
+                        break
             in_flight -= pending.harvest(report)
             if limit - in_flight < want:
                 # Re-count once every pulled delivery is in the ledger: executors finish
@@ -211,6 +220,15 @@ class Scheduler:
             self._sleep(min(backoff.next_wait(), max(0.0, end - clock())))
 
     # -- pieces -----------------------------------------------------------------
+    def _fit_handlers(self, report: TickReport, unfit: dict[str, str]) -> list[str]:
+        """The handlers to pull for: not those whose timeout can never fit (``runtime/fit.py``);
+        ``report.unfit`` names those, and ``report.stopped`` says so when none is left."""
+        report.unfit = dict(unfit)
+        handlers = [name for name in self.services.handler_names() if name not in unfit]
+        if not handlers:
+            report.stopped = "unfit: no handler's timeout can fit its limits"
+        return handlers
+
     def _in_turn(self, handlers: list[str]) -> list[str]:
         """``handlers`` starting where the last round stopped.
 

@@ -18,7 +18,8 @@ pk                                     sk          attributes
                                                    scope=``{protocol}#{instance}`` + deadline
                                                    (the sparse ``in-flight`` index); once final, ttl
 ``counters#{protocol}#{instance}``     counters    one N per counter (ADD), updated_at
-``control#{protocol}#{instance}``      control     stopped (reason), draining (bool), updated_at
+``control#{protocol}#{instance}``      control     stopped (reason), draining (bool), updated_at,
+                                                   unfit_{digest} (JSON handler + reason) per handler
 =====================================  ==========  ==============================================
 
 Ledger statuses (``LedgerStatus``) and the condition on each transition::
@@ -458,9 +459,36 @@ class StateStore:
         return {name: int(value) for name, value in attrs.items() if name not in _NOT_COUNTERS}
 
     def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
-        """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool}``."""
+        """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool,
+        "unfit": {handler: reason}}`` (handlers no delivery of which can ever run)."""
         attrs = self._get(control_key(protocol, instance)) or {}
-        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False))}
+        unfit = {}
+        for name, value in attrs.items():
+            if name.startswith(_UNFIT_PREFIX):
+                record = json.loads(value)
+                unfit[record["handler"]] = record["reason"]
+        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
+                "unfit": unfit}
+
+    def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
+        """Stop pulling for ``handler``: its timeout can never fit (``runtime.fit``). ``True``
+        when this call set it (the first executor to find out), ``False`` when already set."""
+        attribute = _unfit_attribute(handler)
+        update = f"SET #{attribute} = :record, #updated_at = :now"
+        # One attribute per handler, set once: two executors finding it at once never lose either.
+        condition = f"attribute_not_exists(#{attribute})"
+        values = self._values(record=dumps({"handler": handler, "reason": reason[:1000]}))
+        return self._update(control_key(protocol, instance), update, condition, values,
+                            what="control") is not None
+
+    def clear_unfit(self, protocol: str, instance: str) -> None:
+        """Pull for every handler again (the operator fixed the timeouts)."""
+        pk = control_key(protocol, instance)
+        names = [name for name in (self._get(pk) or {}) if name.startswith(_UNFIT_PREFIX)]
+        if names:
+            # No condition: an operator flag, last writer wins.
+            self._update(pk, "SET #updated_at = :now REMOVE " + ", ".join(f"#{n}" for n in names), None,
+                         self._values(), what="control")
 
     def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
         """Stop pulling (configuration is wrong) with ``reason``; ``None`` clears it."""
@@ -623,6 +651,16 @@ def check_counter_deltas(deltas: dict[str, Any]) -> None:
             raise ValueError(f"invalid counter name {name!r}")
         if not isinstance(delta, int) or isinstance(delta, bool):
             raise ValueError(f"counter {name} delta must be an int, got {delta!r}")
+
+
+_UNFIT_PREFIX = "unfit_"
+
+
+def _unfit_attribute(handler: str) -> str:
+    """The control item's attribute for one handler (names may hold dots, so a digest)."""
+    import hashlib
+
+    return _UNFIT_PREFIX + hashlib.sha256(handler.encode()).hexdigest()[:16]
 
 
 def _unreported(epoch: str | None) -> str:
