@@ -94,7 +94,13 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
         return _discard(services, key, delivery, "lease lost while running")
     receipt = report(services, key, delivery, outcome, record=False)
-    _acknowledge(services, key, delivery, receipt=receipt)
+    if not _acknowledge(services, key, delivery, receipt=receipt) and receipt.status == "not_found" \
+            and services.store.clear_redelivered(key):
+        # The server forgot this delivery (404) and has since delivered the job again (a
+        # Priostack restart, then a re-activation dropped as a duplicate): report again, now
+        # to the new activation, rather than strand the job with nobody holding it.
+        receipt = report(services, key, delivery, outcome, record=False)
+        _acknowledge(services, key, delivery, receipt=receipt)
     _count(services, outcome)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
@@ -137,13 +143,14 @@ def _noting(services: Services, key: str, fn: Any, *args: Any, **kwargs: Any) ->
 
 
 def _acknowledge(services: Services, key: str, delivery: Delivery, *,
-                 receipt: ReportReceipt | None = None) -> None:
+                 receipt: ReportReceipt | None = None) -> bool:
+    """Acknowledge and record it; ``False`` when the ledger refused the final write."""
     try:
         services.call(lambda p: p.acknowledge(delivery))
     except NotFoundError as err:
         # The token expired or was already settled: the result is in, recovery handles the rest.
         log.warning("acknowledgement not found: %s", err)
-    services.store.mark_acknowledged(key, receipt)
+    return services.store.mark_acknowledged(key, receipt)
 
 
 def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,

@@ -150,6 +150,7 @@ class LedgerItem:
     error: str | None = None             # why it was handed back, discarded or not dispatched
     cancel_reason: str | None = None     # set by request_cancel: the run must stop
     handover_requested: bool = False     # set by request_handover: continue as a new execution
+    redelivered: bool = False            # the server delivered it again while it was in flight
     callback_token: str | None = field(default=None, repr=False)  # Step Functions task token
     ttl: int | None = None
 
@@ -190,6 +191,7 @@ class LedgerItem:
             error=attrs.get("error"),
             cancel_reason=attrs.get("cancel_reason"),
             handover_requested=bool(attrs.get("handover_requested", False)),
+            redelivered=bool(attrs.get("redelivered", False)),
             callback_token=attrs.get("callback_token"),
             ttl=int(attrs["ttl"]) if "ttl" in attrs else None,
         )

@@ -252,6 +252,10 @@ class StateStore:
         response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
         if response is None:
             log.info("duplicate delivery %s: already in the ledger", key)
+            # While in flight, note it: a report the server then answers "not found" (a Priostack
+            # restart forgot the activation, then re-activated the job) must be sent again.
+            self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
+                             yes=True)
             return None
         self._carry_forgotten_outcome(key, from_item(response.get("Attributes") or {}))
         return key
@@ -377,9 +381,17 @@ class StateStore:
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
         # Report and acknowledgement of a stored outcome recorded together, once. A report the
         # server did not know marks the item so that the job's return is recorded again.
-        return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status IN (:outcome_stored, :reported)",
-                           report=dumps(receipt.model_dump(mode="json")),
-                           unknown_to_server=receipt.status == "not_found")
+        not_found = receipt.status == "not_found"
+        condition = "#status IN (:outcome_stored, :reported)"
+        if not_found:
+            # Not while a redelivery is noted: the report is due again (see record_delivery).
+            condition += " AND attribute_not_exists(#redelivered)"
+        return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
+                           report=dumps(receipt.model_dump(mode="json")), unknown_to_server=not_found)
+
+    def clear_redelivered(self, key: str) -> bool:
+        """The noted redelivery is being answered (the report is sent again)."""
+        return self._transition(key, "SET #updated_at = :now REMOVE #redelivered", "attribute_exists(#redelivered)")
 
     def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
         """Final: returned to the server unstarted. With ``epoch``, only if that run owns it."""
