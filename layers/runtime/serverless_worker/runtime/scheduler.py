@@ -121,7 +121,8 @@ class Scheduler:
             self._heartbeat(report, state="ready", force=True)
             pending = _Pending(self._pool, self._max_pending)
             try:
-                self._poll(report, start=start, full_end=full_end, pending=pending)
+                self._poll(report, start=start, full_end=full_end, pending=pending,
+                           unfit=control.get("unfit") or {})
             finally:
                 pending.drain(report)  # every pulled delivery is recorded before the tick returns
             if self._keeps_liveness() and report.stopped is None:
@@ -135,7 +136,8 @@ class Scheduler:
         log.info("tick done", extra={"tick": report.as_dict()})
         return report
 
-    def _poll(self, report: TickReport, *, start: float, full_end: float, pending: _Pending) -> None:
+    def _poll(self, report: TickReport, *, start: float, full_end: float, pending: _Pending,
+              unfit: dict[str, str]) -> None:
         """Pull, record and dispatch until the window is over: the poll window while pulls
         return work (or capacity is full), the liveness mode's idle window otherwise."""
         services, settings, store = self.services, self.services.settings, self.services.store
@@ -144,7 +146,6 @@ class Scheduler:
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
         want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
         in_flight = store.count_in_flight(services.protocol_name, services.instance, live_at=clock())
-        unfit = store.get_control(services.protocol_name, services.instance).get("unfit") or {}
         handlers = self._fit_handlers(report, unfit)
         if not handlers:
             return

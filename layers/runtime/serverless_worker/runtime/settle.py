@@ -94,8 +94,8 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
         return _discard(services, key, delivery, "lease lost while running")
     receipt = report(services, key, delivery, outcome, record=False)
-    if not _acknowledge(services, key, delivery, receipt=receipt) and receipt.status == "not_found" \
-            and services.store.clear_redelivered(key):
+    if not _acknowledge(services, key, delivery, receipt=receipt) \
+            and receipt.status in ("not_found", "already_applied") and services.store.clear_redelivered(key):
         # The server forgot this delivery (404) and has since delivered the job again (a
         # Priostack restart, then a re-activation dropped as a duplicate): report again, now
         # to the new activation, rather than strand the job with nobody holding it.

@@ -254,9 +254,13 @@ class StateStore:
             log.info("duplicate delivery %s: already in the ledger", key)
             # While in flight, note it: a report the server then answers "not found" (a Priostack
             # restart forgot the activation, then re-activated the job) must be sent again.
-            self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
-                             yes=True)
-            return None
+            if self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
+                                yes=True) or not again_after_hand_back:
+                return None
+            # It went final between the two writes, maybe as unknown to the server: ask again.
+            response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+            if response is None:
+                return None
         self._carry_forgotten_outcome(key, from_item(response.get("Attributes") or {}))
         return key
 
@@ -367,7 +371,7 @@ class StateStore:
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
         # A report follows a stored outcome; a second reporter finds it already reported.
         update = "SET #report = :report, #status = :reported, #reported_at = :now, #updated_at = :now"
-        if receipt.status == "not_found":
+        if _in_doubt(receipt):
             update += ", #unknown_to_server = :yes"  # the job may come back: see record_delivery
         return self._transition(key, update, "#status = :outcome_stored",
                                 report=dumps(receipt.model_dump(mode="json")), yes=True)
@@ -381,7 +385,7 @@ class StateStore:
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
         # Report and acknowledgement of a stored outcome recorded together, once. A report the
         # server did not know marks the item so that the job's return is recorded again.
-        not_found = receipt.status == "not_found"
+        not_found = _in_doubt(receipt)
         condition = "#status IN (:outcome_stored, :reported)"
         if not_found:
             # Not while a redelivery is noted: the report is due again (see record_delivery).
@@ -666,6 +670,13 @@ def check_counter_deltas(deltas: dict[str, Any]) -> None:
 
 
 _UNFIT_PREFIX = "unfit_"
+
+
+def _in_doubt(receipt: ReportReceipt) -> bool:
+    """The server answered "not found" (first try, or after an ambiguous one): it may have
+    forgotten the delivery (a Priostack restart), so the job may come back and must then be
+    recorded again, with our outcome, instead of dropped as a duplicate."""
+    return receipt.status in ("not_found", "already_applied")
 
 
 def _unfit_attribute(handler: str) -> str:
