@@ -221,6 +221,12 @@ class WorkerProtocol(ABC):
     def shutdown(self, reason: str) -> None:
         """Mark the worker stopped (Pipelogiq); a no-op elsewhere."""
 
+    def reconcile(self, delivery: Delivery) -> dict[str, Any] | None:
+        """Read back what the server holds for ``delivery`` when the effect of a settling
+        call is in doubt (an acknowledgement answered "not found"); ``None`` where the
+        protocol offers no such read. Never raises for a failed read: says so instead."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release the pooled HTTP session."""

@@ -148,8 +148,15 @@ def _acknowledge(services: Services, key: str, delivery: Delivery, *,
     try:
         services.call(lambda p: p.acknowledge(delivery))
     except NotFoundError as err:
-        # The token expired or was already settled: the result is in, recovery handles the rest.
-        log.warning("acknowledgement not found: %s", err)
+        # The token expired, was already settled or was forgotten by a restart: the result is
+        # in, recovery handles the rest. Where the protocol offers a read, verify the outcome.
+        read = services.protocol.reconcile(delivery)
+        log.warning("acknowledgement not found: %s; server says %s", err, read)
+        if read is not None:
+            services.events.add("job.ack_not_found", f"job {delivery.job_id}: ack not found; {read}",
+                                level="WARN", job_id=delivery.job_id)
+            if receipt is not None:
+                receipt = receipt.model_copy(update={"detail": {**receipt.detail, "reconciled": read}})
     return services.store.mark_acknowledged(key, receipt)
 
 
