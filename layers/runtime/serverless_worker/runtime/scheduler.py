@@ -48,6 +48,10 @@ PARTIAL_ROOM_WAIT_SECONDS = 0.05
 ROOM_WAIT_MAX_SECONDS = 2.0
 
 SAFETY_SECONDS = 5.0  # end the window this long before Lambda's own timeout
+# Pulls failing in a row (5xx, unreachable) before a tick gives up: during an outage the
+# rest of the window would only burn Lambda time; the next scheduled tick tries again, and
+# the silent-poller alarm (no SuccessfulPolls) shows the outage meanwhile.
+UNAVAILABLE_PULLS_MAX = 3
 
 
 @dataclass
@@ -91,6 +95,7 @@ class Scheduler:
         self._started = time.time()
         self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
         self.room_wait_max = ROOM_WAIT_MAX_SECONDS  # the longest wait for a batch's worth of room
+        self._unavailable = 0  # pulls failing in a row with the server unavailable (across ticks)
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -299,6 +304,13 @@ class Scheduler:
             return []
         except ServerUnavailableError as err:
             self._note_error(report, f"pull: {err}")
+            with self._report_lock:
+                self._unavailable += 1
+                if self._unavailable >= UNAVAILABLE_PULLS_MAX and report.stopped is None:
+                    report.stopped = "server unavailable"
+                    log.warning("job server unavailable for %d pulls in a row, ending the tick: %s",
+                                self._unavailable, err)
+                    return []
             self._sleep(min(2.0, max(0.0, left)))
             return []
         except (InvalidApiKeyError, ForbiddenError, BadRequestError, NotFoundError,
@@ -318,6 +330,7 @@ class Scheduler:
             return []
         with self._report_lock:
             report.pulled += len(deliveries)
+            self._unavailable = 0
         return deliveries
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
