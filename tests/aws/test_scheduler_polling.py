@@ -84,6 +84,34 @@ def test_priostack_waits_for_a_batch_of_room_instead_of_activating_a_few_jobs_pe
     assert set(recorder.counts().values()) == {1} and in_flight(env) == 0
 
 
+def test_the_wait_for_a_batch_of_room_is_bounded_then_takes_what_fits(worker_env: Any, recorder: Any) -> None:
+    """Two long jobs hold half the capacity: waiting for a whole batch of room would take
+    nothing until both end. After ``room_wait_max`` the tick takes what fits, so the short
+    jobs are all done while the long ones still run."""
+    env = worker_env("priostack", handlers=["e2e.slow"], handler_module=HANDLERS_PATH,
+                     settings={"batch_size": 4, "max_in_flight": 4, "liveness": "while-work"})
+    long_keys = env.seed("e2e.slow", [{"sleep": 4.0, "n": f"long-{i}"} for i in range(2)])
+    env.seed("e2e.slow", [{"sleep": 0.05, "n": i} for i in range(10)])
+    scheduler = Scheduler(env.stack.services(), sleep=Sleeps())
+    scheduler.room_wait_max = 0.5
+    try:
+        report = scheduler.tick(LocalContext("scheduler", timeout_seconds=120), window=12.0)
+    finally:
+        scheduler.close()
+
+    assert report.pulled == report.dispatched == 12 and not report.errors, report
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done("priostack", job) for job in env.admin.jobs()), 10, "all 12 jobs done")
+    jobs = {job["key"]: job for job in env.admin.jobs()}
+    long_done = min(call["at"] for key in long_keys for call in jobs[key]["calls"])
+    short_taken = [job["activations"][0]["at"] for key, job in jobs.items() if key not in long_keys]
+    # The first activation took both long jobs and two short ones; waiting for a whole batch
+    # of room would take no other short job before both long ones reported.
+    assert len(short_taken) == 10 and sum(at < long_done for at in short_taken) >= 4, (short_taken, long_done)
+    assert unsettled_peak("priostack", env.admin.jobs()) <= 4
+    assert set(recorder.counts().values()) == {1} and in_flight(env) == 0
+
+
 @pytest.mark.parametrize("protocol", _NO_LONG_POLL)
 def test_empty_pulls_back_off_from_a_short_wait_to_the_maximum(worker_env: Any, protocol: str) -> None:
     env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,

@@ -291,3 +291,67 @@ def test_config_markdown_lists_every_setting() -> None:
     batch = next(line for line in lines if line.startswith("| `batch_size`"))
     assert "`--batch-size`" in batch and "`BatchSize`" in batch and "`10`" in batch
     assert "`StateTable` (resource)" in next(line for line in lines if line.startswith("| `table_name`"))
+
+
+# -- a handler that can never fit --------------------------------------------------------------------
+
+UNFIT_HANDLERS = '''
+from serverless_worker import handler
+
+
+@handler("resize", timeout=30)
+def resize(job):
+    return {"ok": True}
+'''
+
+
+def test_a_timeout_longer_than_the_lease_stops_the_run_with_exit_2(sandbox: Callable[..., Any],
+                                                                   tmp_path: Path) -> None:
+    # given a claim queue whose lease is 20 s and a handler declared with timeout=30
+    server, admin = sandbox("claimqueue", lease_seconds=20)
+    seed(admin, "claimqueue", "resize", [{"n": n} for n in range(3)])
+    module = tmp_path / "unfit_handlers.py"
+    module.write_text(UNFIT_HANDLERS)
+
+    # when the local worker runs until idle
+    result = local("--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
+                   "--handler-module", str(module), "--until-idle", "3", env=clean_env(TEST_KEY=SECRET))
+
+    # then it stops as a configuration error, naming the handler, its timeout and the lease,
+    # in one error line, and nothing ran
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    errors = [line for line in out.splitlines() if " ERROR " in line and "resize" in line]
+    assert len(errors) == 1, out
+    assert "timeout=30s" in errors[0] and "lease" in errors[0] and "20s" in errors[0], errors
+    assert "configuration refused" in result.stdout
+    assert row(result.stdout, "handler runs") == 0
+    # every item it took was claimed once: the worker stopped pulling for the handler
+    assert all(job["attempts"] <= 1 for job in admin.jobs()), admin.jobs()
+
+
+OPT_IN_HANDLERS = '''
+from serverless_worker import handler
+
+
+@handler("resize", timeout=30, run_past_lease=True)
+def resize(job):
+    return {"ok": True}
+'''
+
+
+def test_run_past_lease_lets_a_claim_queue_handler_run_for_its_whole_timeout(sandbox: Callable[..., Any],
+                                                                             tmp_path: Path) -> None:
+    # given the same lease and timeout, with the documented opt-in (the queue accepts a late result)
+    server, admin = sandbox("claimqueue", lease_seconds=20)
+    seed(admin, "claimqueue", "resize", [{"n": n} for n in range(3)])
+    module = tmp_path / "late_handlers.py"
+    module.write_text(OPT_IN_HANDLERS)
+
+    result = local("--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
+                   "--handler-module", str(module), "--until-idle", "3", env=clean_env(TEST_KEY=SECRET))
+
+    # then every item ran and finished with its result
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert row(result.stdout, "handler runs") == 3
+    assert all(job["status"] == "finished" for job in admin.jobs()), admin.jobs()

@@ -1,7 +1,7 @@
 """One seeded randomized run per protocol: 500 jobs through the moto-backed runtime while the
 sandbox mixes every fault at once (5xx, 429, latency and dropped answers on every endpoint,
-duplicate deliveries, and expired Pipelogiq sessions), with handlers that succeed, reject,
-raise or get bad input. Then the invariants of issue 5 (tests/reliability/invariants.py).
+duplicate deliveries, expired Pipelogiq sessions, and server restarts at random calls), with
+handlers that succeed, reject, raise or get bad input. Then the invariants of issue 5 (tests/reliability/invariants.py).
 
 Replay a failure with its seed: ``SW_FAULT_SEED=N pytest tests/reliability/test_randomized_faults.py``
 (every assertion message names the seed). The seed fixes the fault plan and the job mix; the
@@ -94,6 +94,10 @@ def fault_plan(protocol: str) -> list[dict[str, Any]]:
     ]
     if protocol == "pipelogiq":
         rules.append({"kind": "expire_session", "endpoint": "*", "probability": 0.01})
+    # The server restarting, as each protocol's restart loses state (Sandbox.restart): just
+    # before a call arrives, or after applying it with the answer lost.
+    rules += [{"kind": "restart_before", "endpoint": "*", "probability": 0.003},
+              {"kind": "restart_after", "endpoint": "*", "probability": 0.003}]
     return rules
 
 
@@ -294,13 +298,16 @@ def test_randomized_faults(worker_env: Any, runs: Any, protocol: str) -> None:
         wanted |= {"duplicate_delivery"} if protocol != "priostack" else set()
         wanted |= {"expire_session"} if protocol == "pipelogiq" else set()
         assert wanted <= kinds_fired, f"fault kinds that never fired: {wanted - kinds_fired}. {observed.facts()}"
+        restarts = sum(n for key, n in observed.faults_fired.items() if key.startswith("restart_"))
+        assert restarts, f"the server never restarted. {observed.facts()}"
 
     final = ", ".join(f"{state} {n}" for state, n in sorted(observed.final.items()))
     retried = {"pipelogiq": "failing jobs run again by the server's retry rule (maxRetries=1)",
                "priostack": "failing jobs run again by the server's retry rule (fail with retries - 1)",
                "claimqueue": "no server retry (an error result finishes the item)"}[protocol]
-    parts = [f"all {observed.jobs} final ({final})", f"{sum(observed.faults_fired.values())} faults fired",
-             retried, f"{facts['duplicates']} duplicate deliveries discarded unrun"]
+    parts = [f"all {observed.jobs} final ({final})", f"{sum(observed.faults_fired.values())} faults fired "
+             f"(among them {restarts} server restarts)", retried,
+             f"{facts['duplicates']} duplicate deliveries discarded unrun"]
     if lapsed:
         parts.append(f"{len(lapsed)} other job(s) re-run after a lost lease or claim")
     if facts["stranded"]:

@@ -131,6 +131,9 @@ def test_dispatch_failed_stays_in_flight_and_is_stranded_at_once(store: StateSto
     assert store.start_run(key, "late-executor", clock.now + 60) is None  # nobody runs it now
     clock.advance(1)
     assert [i.key for i in store.stranded("pipelogiq", "blue", clock.now)] == [key]
+    # Only the reaper's claim to hand it back takes it (so it is not stranded for good).
+    claimed = store.start_run(key, "handback:reaper", clock.now + 60)
+    assert claimed is not None and claimed.status is S.RUNNING
 
 
 def test_dispatch_failed_is_refused_once_a_run_claimed_it(store: StateStore, delivery: Delivery) -> None:

@@ -156,14 +156,19 @@ def test_no_deltas_make_no_request(store: StateStore) -> None:
 
 
 def test_control_flags(store: StateStore) -> None:
-    assert store.get_control("pipelogiq", "blue") == {"stopped": None, "draining": False}
+    off = {"stopped": None, "draining": False, "unfit": {}}
+    assert store.get_control("pipelogiq", "blue") == off
 
     store.set_draining("pipelogiq", "blue", True)
     store.set_stopped("pipelogiq", "blue", "lease refused: application_mismatch")
+    assert store.set_unfit("pipelogiq", "blue", "resize.v2", "timeout 30s > lease 20s") is True
+    assert store.set_unfit("pipelogiq", "blue", "resize.v2", "again") is False  # set once, first reason kept
     assert store.get_control("pipelogiq", "blue") == {"stopped": "lease refused: application_mismatch",
-                                                      "draining": True}
-    assert store.get_control("pipelogiq", "green") == {"stopped": None, "draining": False}
+                                                      "draining": True,
+                                                      "unfit": {"resize.v2": "timeout 30s > lease 20s"}}
+    assert store.get_control("pipelogiq", "green") == off
 
     store.set_stopped("pipelogiq", "blue", None)
     store.set_draining("pipelogiq", "blue", False)
-    assert store.get_control("pipelogiq", "blue") == {"stopped": None, "draining": False}
+    store.clear_unfit("pipelogiq", "blue")
+    assert store.get_control("pipelogiq", "blue") == off

@@ -236,6 +236,7 @@ def test_each_stack_alarms_on_its_own_metrics_only() -> None:
     assert service == {"Ref": "AWS::StackName"}
     custom = {rid: r["Properties"] for rid, r in template["Resources"].items()
               if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"].get("Namespace") == "ServerlessWorker"}
-    assert set(custom) == {"LeasesLostAlarm", "StrandedDeliveriesAlarm", "SilentPollerAlarm"}
+    assert set(custom) == {"LeasesLostAlarm", "StrandedDeliveriesAlarm", "SilentPollerAlarm",
+                           "HandlerCannotFitAlarm", "SettleAbandonedAlarm"}
     for props in custom.values():
         assert props["Dimensions"] == [{"Name": "service", "Value": service}]

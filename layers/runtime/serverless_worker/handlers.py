@@ -69,6 +69,7 @@ class HandlerSpec:
     long_running: bool = False
     criteria: Mapping[str, Any] | None = field(default=None, hash=False)
     callback: bool = False
+    run_past_lease: bool = False  # opt-in: where late results count, the lease does not bound it
 
     @property
     def is_async(self) -> bool:
@@ -76,7 +77,8 @@ class HandlerSpec:
 
 
 def _build_spec(name: str, fn: Callable[..., Any], *, input: type[BaseModel] | None, timeout: float | None,
-                long_running: bool, criteria: Mapping[str, Any] | None, callback: bool) -> HandlerSpec:
+                long_running: bool, criteria: Mapping[str, Any] | None, callback: bool,
+                run_past_lease: bool = False) -> HandlerSpec:
     """Check the declaration once, at import time, so mistakes surface at deploy, not per job."""
     where = f"handler {name!r}"
     if not isinstance(name, str) or not HANDLER_NAME_RE.match(name):
@@ -107,7 +109,7 @@ def _build_spec(name: str, fn: Callable[..., Any], *, input: type[BaseModel] | N
             raise ConfigurationError(f"{where}: criteria= must be JSON-serializable") from err
     return HandlerSpec(name=name, fn=fn, input_model=input, timeout=timeout,
                        long_running=bool(long_running or callback), criteria=criteria,
-                       callback=bool(callback))
+                       callback=bool(callback), run_past_lease=bool(run_past_lease))
 
 
 class HandlerRegistry:
@@ -131,12 +133,12 @@ class HandlerRegistry:
 
     def handler(self, name: str, *, input: type[BaseModel] | None = None, timeout: float | None = None,
                 long_running: bool = False, criteria: Mapping[str, Any] | None = None,
-                callback: bool = False) -> Callable[[F], F]:
+                callback: bool = False, run_past_lease: bool = False) -> Callable[[F], F]:
         """Decorator registering the function in this registry (see :func:`handler`)."""
 
         def decorate(fn: F) -> F:
             spec = _build_spec(name, fn, input=input, timeout=timeout, long_running=long_running,
-                               criteria=criteria, callback=callback)
+                               criteria=criteria, callback=callback, run_past_lease=run_past_lease)
             self.register(spec)
             # A bound method cannot carry the attribute; lookup by name still works.
             with contextlib.suppress(AttributeError, TypeError):
@@ -200,7 +202,8 @@ default_registry = HandlerRegistry()
 
 def handler(name: str, *, input: type[BaseModel] | None = None, timeout: float | None = None,
             long_running: bool = False, criteria: Mapping[str, Any] | None = None,
-            callback: bool = False, registry: HandlerRegistry | None = None) -> Callable[[F], F]:
+            callback: bool = False, run_past_lease: bool = False,
+            registry: HandlerRegistry | None = None) -> Callable[[F], F]:
     """Register a function as the handler for ``name``.
 
     ``name`` is the Pipelogiq stage handler name, the Priostack job type or the claim
@@ -209,10 +212,13 @@ def handler(name: str, *, input: type[BaseModel] | None = None, timeout: float |
     budget in seconds; ``long_running`` runs it through Step Functions (and allows
     returning :class:`~serverless_worker.results.Continue`); ``criteria`` the claim
     queue capability criteria; ``callback`` a long-running handler finished later
-    through ``job.callback_token``.
+    through ``job.callback_token``; ``run_past_lease`` (opt-in, claim queue only) lets the
+    handler run for its whole ``timeout`` past the unrenewable lease, since the queue accepts
+    a late result unless another worker finished the item first (``docs/timeouts.md``).
     """
     return (registry if registry is not None else default_registry).handler(
-        name, input=input, timeout=timeout, long_running=long_running, criteria=criteria, callback=callback)
+        name, input=input, timeout=timeout, long_running=long_running, criteria=criteria, callback=callback,
+        run_past_lease=run_past_lease)
 
 
 def get_handler(name: str) -> HandlerSpec:

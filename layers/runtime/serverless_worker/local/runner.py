@@ -36,6 +36,7 @@ from ..errors import ServerlessWorkerError
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.drain import drain
 from ..runtime.executor import execute
+from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
@@ -211,10 +212,13 @@ class LocalRunner:
         progress.phase("working")
         idle = self.settings.until_idle_seconds
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
+        unfit_seen = metrics.totals["HandlerCannotFit"]
         while not self._stop_requested.is_set():
             self._check_signals()
             status = self._status()
             progress.update(status)
+            if metrics.totals["HandlerCannotFit"] > unfit_seen:
+                self._stop_unfit(services)
             quiet = self._observer.quiet_for()
             if idle and quiet >= idle and (status.running == 0 or quiet >= stuck_after):
                 self._request_stop(f"no job for {idle:g} s")
@@ -236,6 +240,16 @@ class LocalRunner:
         dispatcher.close(wait=False)
         progress.update(self._status())
         return self._hurry.is_set()
+
+    def _stop_unfit(self, services: Services) -> None:
+        """A handler's timeout can never fit its limits (``runtime/fit.py``): a configuration
+        error, so the run stops with exit status 2 and says which and why."""
+        try:
+            unfit = services.store.get_control(services.protocol_name, services.instance)["unfit"]
+        except ServerlessWorkerError as err:
+            unfit = {"?": f"(control not readable: {err})"}
+        reasons = "; ".join(unfit.values()) or "a handler's timeout cannot fit its limits"
+        self._request_stop(f"configuration refused: {reasons}", exit_status=EXIT_CONFIGURATION)
 
     def _wait(self, thread: threading.Thread, progress: Progress) -> bool:
         """Join ``thread`` while refreshing the status; ``False`` when a second signal says stop now."""
@@ -397,6 +411,10 @@ class LocalRunner:
         if not summary.definite:
             self.console.print(f"serverless-worker local: {summary.in_flight} deliveries left without a "
                                "definite outcome", highlight=False, markup=False)
+            return EXIT_INCOMPLETE
+        if summary.taken and not summary.handler_runs:
+            self.console.print(f"serverless-worker local: took {summary.taken} job(s) and ran none of them "
+                               "(see the log for why each went back)", highlight=False, markup=False)
             return EXIT_INCOMPLETE
         if not self._reached_server and self._server_errors:
             self.console.print("serverless-worker local: the job server was never reached (see the log)",

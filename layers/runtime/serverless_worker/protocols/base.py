@@ -165,6 +165,7 @@ class WorkerProtocol(ABC):
     needs_session: ClassVar[bool] = False      # open_session must be called before work
     has_lease: ClassVar[bool] = False          # acquire is a server call that can refuse
     lease_renewable: ClassVar[bool] = False    # renew extends the lease
+    late_results: ClassVar[bool] = False       # a result after the lease lapsed still counts (if first)
     supports_events: ClassVar[bool] = False    # send_events reaches the server
     long_poll: ClassVar[bool] = False          # pull waits server-side for work (no idle sleep needed)
     empty_poll_backoff: ClassVar[float] = 1.0  # longest wait between empty pulls when not long-polling
@@ -219,6 +220,12 @@ class WorkerProtocol(ABC):
 
     def shutdown(self, reason: str) -> None:
         """Mark the worker stopped (Pipelogiq); a no-op elsewhere."""
+
+    def reconcile(self, delivery: Delivery) -> dict[str, Any] | None:
+        """Read back what the server holds for ``delivery`` when the effect of a settling
+        call is in doubt (an acknowledgement answered "not found"); ``None`` where the
+        protocol offers no such read. Never raises for a failed read: says so instead."""
+        return None
 
     @abstractmethod
     def close(self) -> None:

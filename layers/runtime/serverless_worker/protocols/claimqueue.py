@@ -117,6 +117,7 @@ class ClaimQueueClient(WorkerProtocol):
     needs_session: ClassVar[bool] = False
     has_lease: ClassVar[bool] = False         # the lease comes with the claim; there is no acquire call
     lease_renewable: ClassVar[bool] = False   # and no renew endpoint
+    late_results: ClassVar[bool] = True       # a result is accepted unless the item is already terminal
     long_poll: ClassVar[bool] = False         # a claim answers at once, empty or not
     empty_poll_backoff: ClassVar[float] = 2.0  # "back off briefly": the document's loop waits 2 s
     parallel_pulls: ClassVar[int] = 3         # "no batch claim; parallelism comes from many single-item claims"

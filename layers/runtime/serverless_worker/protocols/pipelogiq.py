@@ -528,6 +528,19 @@ class PipelogiqClient(WorkerProtocol):
         self._http.close()
 
     # -- pipelines: reconciliation, tests and demos --------------------------------------------------
+    def reconcile(self, delivery: Delivery) -> dict[str, Any] | None:
+        """An ack answered 404 (token expired, or forgotten by a restarted API process): the
+        document says to "check the pipeline outcome" (``GET /pipelines/{id}``). Returns the
+        pipeline's and this stage's status, or why they could not be read."""
+        try:
+            pipeline = self.pipeline_status(_wire_int(delivery, "pipelineId"))
+        except (ProtocolError, ValueError) as err:
+            return {"reconcile_error": f"{type(err).__name__}: {err}"}
+        stage_id = delivery.wire.get("stageId")
+        stage: dict[str, Any] = next((s for s in pipeline.get("stages", []) if s.get("id") == stage_id), {})
+        return {"pipeline_status": pipeline.get("status"), "stage_status": stage.get("status"),
+                "stage_execution": stage.get("executionId")}
+
     def pipeline_status(self, pipeline_id: int) -> dict[str, Any]:
         """``GET /pipelines/{id}``: ``{id, status, stages, ...}``; the way to confirm an outcome."""
 

@@ -80,10 +80,11 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
 
 
 def resume_pulling(services: Services) -> None:
-    """Clear the draining and stopped flags so the next tick pulls again (an operator
-    resumes after fixing whatever stopped the worker)."""
+    """Clear the draining, stopped and unfit-handler flags so the next tick pulls again (an
+    operator resumes after fixing whatever stopped the worker)."""
     services.store.set_draining(services.protocol_name, services.instance, False)
     services.store.set_stopped(services.protocol_name, services.instance, None)
+    services.store.clear_unfit(services.protocol_name, services.instance)
 
 
 def _heartbeat(services: Services, state: str) -> None:

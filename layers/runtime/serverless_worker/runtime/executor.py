@@ -25,6 +25,7 @@ from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Delivery, Lease
 from ..state.errors import ItemTooLargeError, StaleWriteError
 from .context import LambdaContextLike
+from .fit import never_fits, report_unfit
 from .lease import LeaseKeeper, time_budget
 from .progress import progress_reporter
 from .services import Services
@@ -42,7 +43,7 @@ _RESUMABLE_ACK = "REPORTED"
 def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> dict[str, Any]:
     """Executor entry: run the delivery behind ``ledger_key`` once."""
     now = services.clock()
-    remaining = context.get_remaining_time_in_millis() / 1000
+    remaining = context.get_remaining_time_in_millis() / 1000  # ~ the invocation's whole timeout
     with services.flushing_events():
         item = services.store.start_run(ledger_key, epoch=context.aws_request_id, deadline=now + remaining + 30)
         if item is None:
@@ -58,7 +59,8 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> 
             return {"ledger_key": ledger_key, "action": settlement.action, "detail": "executor lost"}
         try:
             settlement = run_claimed(services, ledger_key, item.delivery, epoch=context.aws_request_id,
-                                     remaining=lambda: context.get_remaining_time_in_millis() / 1000)
+                                     remaining=lambda: context.get_remaining_time_in_millis() / 1000,
+                                     lambda_limit=remaining)
         except StaleWriteError:
             # The reaper (or a newer run) took the delivery over while this run was still
             # going, and has given it its outcome: ours must not be stored or reported. That
@@ -86,7 +88,7 @@ def resume(services: Services, ledger_key: str) -> dict[str, Any]:
 
 
 def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoch: str,
-                remaining: Any) -> Settlement:
+                remaining: Any, lambda_limit: float | None = None) -> Settlement:
     """Lease, run, store, settle a delivery this invocation owns (status RUNNING, our epoch)."""
     try:
         lease = services.call(lambda p: p.acquire(delivery))
@@ -106,11 +108,19 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
         return settle(services, ledger_key, delivery, outcome)
 
     settings = services.settings
+    # Opted in where late results count: the lease lapsing does not end the run (docs/timeouts.md).
+    bounding = None if spec.run_past_lease and services.protocol.late_results else lease
     budget = time_budget(remaining_lambda=remaining(), report_margin=settings.report_margin_seconds,
-                         handler_timeout=spec.timeout, job_timeout=delivery.timeout_seconds, lease=lease,
+                         handler_timeout=spec.timeout, job_timeout=delivery.timeout_seconds, lease=bounding,
                          now=services.clock())
     if budget < 1.0 or (spec.timeout is not None and budget < spec.timeout):
-        # A delivery whose remaining time cannot fit the handler's timeout is handed back, not started.
+        # A delivery whose remaining time cannot fit the handler's timeout is handed back.
+        # When no delivery of this handler ever can (a fixed limit), say so and stop pulling it.
+        why = never_fits(spec, delivery, bounding, lambda_limit=remaining() if lambda_limit is None else lambda_limit,
+                         report_margin=settings.report_margin_seconds)
+        if why is not None:
+            report_unfit(services, spec, why)
+            return hand_back(services, ledger_key, delivery, why, epoch=epoch)
         return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
                          epoch=epoch)
 

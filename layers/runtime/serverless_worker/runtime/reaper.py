@@ -5,6 +5,13 @@ Started but the executor vanished (killed, timed out hard): settle as a timeout,
 same outcome as a handler that ran past its budget. Outcome stored but not reported,
 or reported but not acknowledged: finish settling. Each step first claims the item in
 the ledger with a conditional write, so a late executor and the reaper never both act.
+
+A settling call that fails moves the item's deadline to its retry time (settle.py), with
+a back-off; after ``SETTLE_ATTEMPTS_MAX`` failures in a row the item is abandoned: a
+reported one is marked acknowledged (the server has its outcome), any other is
+discarded and marked unknown to the server, so the job's return is recorded again.
+Either way it is final within a bounded time, whatever the server answers, and an
+ERROR event and the ``SettleAbandoned`` metric say so.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from dataclasses import dataclass
 
 from ..errors import ServerlessWorkerError
 from ..outcome import Outcome, OutcomeKind
+from ..state.items import LedgerItem, LedgerStatus
 from .services import Services
-from .settle import HANDBACK_PREFIX, acknowledge, hand_back, handback_epoch, settle
+from .settle import HANDBACK_PREFIX, SETTLE_ATTEMPTS_MAX, acknowledge, hand_back, handback_epoch, settle
 
 __all__ = ["ReapReport", "reap"]
 
@@ -28,11 +36,12 @@ class ReapReport:
     handed_back: int = 0
     timed_out: int = 0
     resettled: int = 0
+    abandoned: int = 0
     failed: int = 0
 
     @property
     def total(self) -> int:
-        return self.handed_back + self.timed_out + self.resettled
+        return self.handed_back + self.timed_out + self.resettled + self.abandoned
 
 
 def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapReport:
@@ -44,7 +53,9 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
         epoch = f"reaper:{uuid.uuid4()}"
         status = str(item.status)
         try:
-            if status.endswith(("RECORDED", "DISPATCHED", "DISPATCH_FAILED")):
+            if item.settle_failures >= SETTLE_ATTEMPTS_MAX:
+                report.abandoned += _abandon(services, item)
+            elif status.endswith(("RECORDED", "DISPATCHED", "DISPATCH_FAILED")):
                 claim = handback_epoch()
                 if store.start_run(item.key, epoch=claim, deadline=now + grace) is not None:
                     hand_back(services, item.key, item.delivery, "never started before its deadline", epoch=claim)
@@ -75,5 +86,25 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
     if report.total:
         services.events.add("worker.reaped", f"settled {report.total} stranded deliveries", level="WARN",
                             handed_back=report.handed_back, timed_out=report.timed_out,
-                            resettled=report.resettled)
+                            resettled=report.resettled, abandoned=report.abandoned)
     return report
+
+
+def _abandon(services: Services, item: LedgerItem) -> int:
+    """Give up on settling ``item`` with the server: final now, loudly. Returns 1 if this
+    call made it final."""
+    from .metrics import metrics
+
+    why = (f"abandoned after {item.settle_failures} failed settling calls in a row "
+           f"(last: {item.error or 'unknown'})")
+    if item.status is LedgerStatus.REPORTED:
+        # The server has the outcome; only the acknowledgement never went through.
+        done = services.store.mark_acknowledged(item.key)
+    else:
+        done = services.store.mark_abandoned(item.key, why)
+    if done:
+        metrics.add("SettleAbandoned", 1)
+        log.error("delivery %s of job %s %s", item.key, item.delivery.job_id, why)
+        services.events.add("job.settle_abandoned", f"job {item.delivery.job_id} {why}", level="ERROR",
+                            job_id=item.delivery.job_id, status=str(item.status))
+    return int(done)

@@ -40,10 +40,18 @@ from .settle import hand_back, handback_epoch
 __all__ = ["TickReport", "Scheduler"]
 
 log = logging.getLogger("serverless_worker.scheduler")
-# How long a tick waits for a batch's worth of room when only a few slots are free.
+# How long a tick waits for a batch's worth of room when only a few slots are free: one
+# step of PARTIAL_ROOM_WAIT_SECONDS at a time, for at most ROOM_WAIT_MAX_SECONDS in a row,
+# then it takes what fits. Never longer: a slot held by a long job (or a ledger item
+# nothing settles soon) must not stop every other job from being taken.
 PARTIAL_ROOM_WAIT_SECONDS = 0.05
+ROOM_WAIT_MAX_SECONDS = 2.0
 
 SAFETY_SECONDS = 5.0  # end the window this long before Lambda's own timeout
+# Pulls failing in a row (5xx, unreachable) before a tick gives up: during an outage the
+# rest of the window would only burn Lambda time; the next scheduled tick tries again, and
+# the silent-poller alarm (no SuccessfulPolls) shows the outage meanwhile.
+UNAVAILABLE_PULLS_MAX = 3
 
 
 @dataclass
@@ -59,6 +67,7 @@ class TickReport:
     stopped: str | None = None
     duration: float = 0.0
     errors: list[str] = field(default_factory=list)
+    unfit: dict[str, str] = field(default_factory=dict)  # handler -> why its timeout can never fit
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -85,6 +94,8 @@ class Scheduler:
         self._next_heartbeat = 0.0
         self._started = time.time()
         self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
+        self.room_wait_max = ROOM_WAIT_MAX_SECONDS  # the longest wait for a batch's worth of room
+        self._unavailable = 0  # pulls failing in a row with the server unavailable (across ticks)
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -115,7 +126,8 @@ class Scheduler:
             self._heartbeat(report, state="ready", force=True)
             pending = _Pending(self._pool, self._max_pending)
             try:
-                self._poll(report, start=start, full_end=full_end, pending=pending)
+                self._poll(report, start=start, full_end=full_end, pending=pending,
+                           unfit=control.get("unfit") or {})
             finally:
                 pending.drain(report)  # every pulled delivery is recorded before the tick returns
             if self._keeps_liveness() and report.stopped is None:
@@ -129,7 +141,8 @@ class Scheduler:
         log.info("tick done", extra={"tick": report.as_dict()})
         return report
 
-    def _poll(self, report: TickReport, *, start: float, full_end: float, pending: _Pending) -> None:
+    def _poll(self, report: TickReport, *, start: float, full_end: float, pending: _Pending,
+              unfit: dict[str, str]) -> None:
         """Pull, record and dispatch until the window is over: the poll window while pulls
         return work (or capacity is full), the liveness mode's idle window otherwise."""
         services, settings, store = self.services, self.services.settings, self.services.store
@@ -137,13 +150,16 @@ class Scheduler:
         limit = self._capacity_limit()
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
         want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
-        in_flight = store.count_in_flight(services.protocol_name, services.instance)
-        handlers = services.handler_names()
+        in_flight = store.count_in_flight(services.protocol_name, services.instance, live_at=clock())
+        handlers = self._fit_handlers(report, unfit)
+        if not handlers:
+            return
         busy_until = start + self._idle_window(full_end - start)
         backoff = EmptyPollBackoff(settings.poll_backoff_seconds,
                                    settings.poll_backoff_max_seconds or services.protocol.empty_poll_backoff)
         rounds = 0
         worked = False  # the last round's pulls returned work (see _pull's ``hurry``)
+        room_since: float | None = None  # since when some, but not a batch's worth of, room is free
         while report.stopped is None:
             end = min(full_end, busy_until)
             # Stop when less than a second is left: a pull then could outlast the window. The
@@ -156,21 +172,34 @@ class Scheduler:
                 if control.get("stopped") or control.get("draining"):
                     report.stopped = "stopped" if control.get("stopped") else "draining"
                     break
+                if set(control.get("unfit") or {}) - set(unfit):
+                    unfit = control["unfit"]
+                    handlers = self._fit_handlers(report, unfit)
+                    if not handlers:
+                        break
             in_flight -= pending.harvest(report)
             if limit - in_flight < want:
                 # Re-count once every pulled delivery is in the ledger: executors finish
                 # during the window.
                 pending.drain(report)
-                in_flight = store.count_in_flight(services.protocol_name, services.instance)
-                if limit - in_flight < want:
+                in_flight = store.count_in_flight(services.protocol_name, services.instance,
+                                                  live_at=clock())
+                free = limit - in_flight
+                if free <= 0:
+                    room_since = None
+                elif room_since is None:
+                    room_since = clock()
+                waited_enough = room_since is not None and clock() - room_since >= self.room_wait_max
+                if free < want and not waited_enough:
                     report.full_waits += 1
                     busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)  # work exists
                     # Nothing free: wait for an executor. A few slots free where one call
                     # hands out a whole batch: wait briefly for a batch's worth rather than
-                    # spend a call on every few jobs.
-                    pause = 1.0 if limit - in_flight <= 0 else PARTIAL_ROOM_WAIT_SECONDS
+                    # spend a call on every few jobs, but never longer than room_wait_max.
+                    pause = 1.0 if free <= 0 else PARTIAL_ROOM_WAIT_SECONDS
                     self._wait_for_capacity(min(pause, max(0.0, end - clock())))
-                continue
+                    continue
+            room_since = None
             got, full = 0, False
             for name in self._in_turn(handlers):
                 room = min(settings.batch_size, limit - in_flight)
@@ -197,6 +226,15 @@ class Scheduler:
             self._sleep(min(backoff.next_wait(), max(0.0, end - clock())))
 
     # -- pieces -----------------------------------------------------------------
+    def _fit_handlers(self, report: TickReport, unfit: dict[str, str]) -> list[str]:
+        """The handlers to pull for: not those whose timeout can never fit (``runtime/fit.py``);
+        ``report.unfit`` names those, and ``report.stopped`` says so when none is left."""
+        report.unfit = dict(unfit)
+        handlers = [name for name in self.services.handler_names() if name not in unfit]
+        if not handlers:
+            report.stopped = "unfit: no handler's timeout can fit its limits"
+        return handlers
+
     def _in_turn(self, handlers: list[str]) -> list[str]:
         """``handlers`` starting where the last round stopped.
 
@@ -266,6 +304,13 @@ class Scheduler:
             return []
         except ServerUnavailableError as err:
             self._note_error(report, f"pull: {err}")
+            with self._report_lock:
+                self._unavailable += 1
+                if self._unavailable >= UNAVAILABLE_PULLS_MAX and report.stopped is None:
+                    report.stopped = "server unavailable"
+                    log.warning("job server unavailable for %d pulls in a row, ending the tick: %s",
+                                self._unavailable, err)
+                    return []
             self._sleep(min(2.0, max(0.0, left)))
             return []
         except (InvalidApiKeyError, ForbiddenError, BadRequestError, NotFoundError,
@@ -285,6 +330,7 @@ class Scheduler:
             return []
         with self._report_lock:
             report.pulled += len(deliveries)
+            self._unavailable = 0
         return deliveries
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,

@@ -13,14 +13,22 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError
+from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError, ServerlessWorkerError
 from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Delivery, ReportReceipt
 from ..state.store import HANDBACK_EPOCH_PREFIX
 from .services import Services
 
 __all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",
-           "HANDBACK_PREFIX"]
+           "note_failure", "retry_delay", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
+
+# A settling call that fails (the server down, answering garbage) is retried by the reaper
+# after a back-off that doubles per failure, up to SETTLE_RETRY_MAX_SECONDS; after
+# SETTLE_ATTEMPTS_MAX failures in a row the reaper gives the item a final state (reaper.py).
+# So every ledger item reaches a final state within a bounded time, whatever the server answers.
+SETTLE_RETRY_BASE_SECONDS = 5.0
+SETTLE_RETRY_MAX_SECONDS = 300.0
+SETTLE_ATTEMPTS_MAX = 10
 
 # Epochs of ledger claims taken only to hand a delivery back: the handler never ran
 # under them, so a claim stranded by a failed hand-back call is handed back again,
@@ -45,15 +53,54 @@ class Settlement:
     detail: str = ""
 
 
+def retry_delay(failures: int) -> float:
+    """How long after its ``failures``-th failure in a row a settling call is tried again."""
+    return min(SETTLE_RETRY_MAX_SECONDS, SETTLE_RETRY_BASE_SECONDS * 2 ** max(0, failures - 1))
+
+
+def note_failure(services: Services, key: str, err: Exception) -> int:
+    """Record a failed settling call: the item's deadline becomes the retry time, so it
+    stops counting against capacity and the reaper tries again then. Returns the failures
+    in a row (0 when the item is already final). Never raises: the caller re-raises ``err``."""
+    store = services.store
+    try:
+        failures = store.note_settle_failure(key, f"{type(err).__name__}: {err}",
+                                             retry_at=services.clock() + retry_delay(1))
+        if failures > 1:  # the back-off grows with the count the write just returned
+            store.postpone(key, services.clock() + retry_delay(failures))
+        return failures
+    except ServerlessWorkerError as store_err:
+        log.warning("settle failure of %s not recorded: %s", key, store_err)
+        return 0
+
+
 def settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
-    """Report + acknowledge, hand back or discard, as the outcome requires."""
+    """Report + acknowledge, hand back or discard, as the outcome requires. A call that
+    fails is noted on the item (:func:`note_failure`) before the error propagates."""
+    result: Settlement = _noting(services, key, _settle, services, key, delivery, outcome)
+    return result
+
+
+def _is_stale(err: Exception) -> bool:
+    from ..state.errors import StaleWriteError
+
+    return isinstance(err, StaleWriteError)
+
+
+def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
     if outcome.kind is OutcomeKind.NOT_STARTED:
-        return hand_back(services, key, delivery, outcome.message or "not started")
+        return _hand_back(services, key, delivery, outcome.message or "not started")
     if outcome.kind is OutcomeKind.LEASE_LOST:
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
-        return discard(services, key, delivery, "lease lost while running")
+        return _discard(services, key, delivery, "lease lost while running")
     receipt = report(services, key, delivery, outcome, record=False)
-    acknowledge(services, key, delivery, receipt=receipt)
+    if not _acknowledge(services, key, delivery, receipt=receipt) \
+            and receipt.status in ("not_found", "already_applied") and services.store.clear_redelivered(key):
+        # The server forgot this delivery (404) and has since delivered the job again (a
+        # Priostack restart, then a re-activation dropped as a duplicate): report again, now
+        # to the new activation, rather than strand the job with nobody holding it.
+        receipt = report(services, key, delivery, outcome, record=False)
+        _acknowledge(services, key, delivery, receipt=receipt)
     _count(services, outcome)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
@@ -81,16 +128,48 @@ def report(services: Services, key: str, delivery: Delivery, outcome: Outcome, *
 
 def acknowledge(services: Services, key: str, delivery: Delivery, *,
                 receipt: ReportReceipt | None = None) -> None:
+    """Acknowledge a reported delivery; a failed call is noted on the item, then raised."""
+    _noting(services, key, _acknowledge, services, key, delivery, receipt=receipt)
+
+
+def _noting(services: Services, key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a settling step; a failure (not a lost fence) is noted on the item, then raised."""
+    try:
+        return fn(*args, **kwargs)
+    except ServerlessWorkerError as err:
+        if not _is_stale(err):
+            note_failure(services, key, err)
+        raise
+
+
+def _acknowledge(services: Services, key: str, delivery: Delivery, *,
+                 receipt: ReportReceipt | None = None) -> bool:
+    """Acknowledge and record it; ``False`` when the ledger refused the final write."""
     try:
         services.call(lambda p: p.acknowledge(delivery))
     except NotFoundError as err:
-        # The token expired or was already settled: the result is in, recovery handles the rest.
-        log.warning("acknowledgement not found: %s", err)
-    services.store.mark_acknowledged(key, receipt)
+        # The token expired, was already settled or was forgotten by a restart: the result is
+        # in, recovery handles the rest. Where the protocol offers a read, verify the outcome.
+        read = services.protocol.reconcile(delivery)
+        log.warning("acknowledgement not found: %s; server says %s", err, read)
+        if read is not None:
+            services.events.add("job.ack_not_found", f"job {delivery.job_id}: ack not found; {read}",
+                                level="WARN", job_id=delivery.job_id)
+            if receipt is not None:
+                receipt = receipt.model_copy(update={"detail": {**receipt.detail, "reconciled": read}})
+    return services.store.mark_acknowledged(key, receipt)
 
 
 def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
               epoch: str | None = None) -> Settlement:
+    """Return an unstarted delivery without using an attempt (:func:`_hand_back`); a
+    failed call is noted on the item, then raised."""
+    result: Settlement = _noting(services, key, _hand_back, services, key, delivery, reason, epoch=epoch)
+    return result
+
+
+def _hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
+               epoch: str | None = None) -> Settlement:
     """Return an unstarted delivery without using an attempt.
 
     The ledger claim is first moved to a hand-back epoch, so that when the server
@@ -114,7 +193,12 @@ def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
 
 
 def discard(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
-    """Drop a duplicate, stale or lost delivery without a result."""
+    """Drop a duplicate, stale or lost delivery without a result (a failed call is noted)."""
+    result: Settlement = _noting(services, key, _discard, services, key, delivery, reason)
+    return result
+
+
+def _discard(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
     try:
         services.call(lambda p: p.discard(delivery))
     except NotFoundError as err:

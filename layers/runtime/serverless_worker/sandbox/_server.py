@@ -47,6 +47,8 @@ FaultKind = Literal[
     "drop_response",       # apply the effect, then cut the connection mid-response
     "duplicate_delivery",  # deliver the same execution again (protocol-specific)
     "expire_session",      # expire the worker session now (protocol-specific)
+    "restart_before",      # the server restarts just before this call arrives (Sandbox.restart)
+    "restart_after",       # the server applies the call, restarts, and the answer is lost
 ]
 
 
@@ -142,6 +144,7 @@ class Sandbox(ABC):
         self.config = self.config_model(**config)
         self.faults = FaultInjector()
         self.calls: Counter[str] = Counter()
+        self.restarts: list[dict[str, Any]] = []  # each restart: when, why (admin or a fault), what was lost
 
     # -- to implement -------------------------------------------------------------
     @abstractmethod
@@ -158,6 +161,16 @@ class Sandbox(ABC):
 
     def reset(self) -> None:
         """Forget all jobs and sessions (keeps config and faults)."""
+
+    def restart(self) -> dict[str, Any]:
+        """The server process restarts: lose what it held in memory only, as the protocol's
+        documents say (each sandbox overrides this); returns what was lost."""
+        return {}
+
+    def _restart(self, cause: str) -> dict[str, Any]:
+        lost = self.restart()
+        self.restarts.append({"at": time.time(), "cause": cause, **lost})
+        return lost
 
     def periodic(self) -> list[tuple[float, Callable[[], None]]]:
         """(interval seconds, function) pairs run on the event loop, e.g. expiry sweeps."""
@@ -183,7 +196,12 @@ class Sandbox(ABC):
             if rule:
                 headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else None
                 return JSONResponse({"error": "rate limited"}, status_code=429, headers=headers)
+            if self.faults.fire("restart_before", label):
+                self._restart(f"restart_before@{label}")
             response = await fn(request)
+            if self.faults.fire("restart_after", label):
+                self._restart(f"restart_after@{label}")
+                return DroppedResponse()
             if self.faults.fire("drop_response", label):
                 return DroppedResponse()
             return response
@@ -223,6 +241,12 @@ class Sandbox(ABC):
         async def admin_stats(request: Request) -> Response:
             return JSONResponse({"calls": dict(self.calls), "faults_fired": len(self.faults.log)})
 
+        async def admin_restart(request: Request) -> Response:
+            return JSONResponse(self._restart("admin"))
+
+        async def admin_restarts(request: Request) -> Response:
+            return JSONResponse({"restarts": self.restarts})
+
         async def admin_reset(request: Request) -> Response:
             self.reset()
             self.calls.clear()
@@ -236,6 +260,8 @@ class Sandbox(ABC):
             Route("/_admin/config", admin_config, methods=["GET", "POST"]),
             Route("/_admin/stats", admin_stats, methods=["GET"]),
             Route("/_admin/reset", admin_reset, methods=["POST"]),
+            Route("/_admin/restart", admin_restart, methods=["POST"]),
+            Route("/_admin/restarts", admin_restarts, methods=["GET"]),
         ]
 
         @contextlib.asynccontextmanager

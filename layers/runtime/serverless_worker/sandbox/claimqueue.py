@@ -33,6 +33,7 @@ Choices where the document is silent:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import itertools
 import json
@@ -181,6 +182,12 @@ class _Refused(Exception):
         self.status, self.error = status, error
 
 
+async def _close_quietly(websocket: WebSocket) -> None:
+    """Close a work socket as a restarting server does (1012: service restart)."""
+    with contextlib.suppress(RuntimeError, OSError):  # already closing
+        await websocket.close(code=1012)
+
+
 def _ms(at: float) -> int:
     return math.floor(at * 1000)
 
@@ -196,6 +203,7 @@ class ClaimQueueSandbox(Sandbox):
         super().__init__(**config)
         self._items: dict[str, _Item] = {}  # insertion order is creation order
         self._socket_ids = itertools.count(1)
+        self._open_sockets: dict[int, WebSocket] = {}  # closed by a restart
 
     # -- admin -------------------------------------------------------------------------
     def reset(self) -> None:
@@ -288,6 +296,7 @@ class ClaimQueueSandbox(Sandbox):
             return
         await websocket.accept()
         socket_id = next(self._socket_ids)
+        self._open_sockets[socket_id] = websocket
         self.calls["work"] += 1
         try:
             while True:
@@ -305,6 +314,7 @@ class ClaimQueueSandbox(Sandbox):
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away mid-answer: handled as a drop below
         finally:
+            self._open_sockets.pop(socket_id, None)
             self._requeue_socket(socket_id)
 
     async def _socket_message(self, queue: str, socket_id: int, text: str) -> tuple[dict[str, Any], bool]:
@@ -403,6 +413,20 @@ class ClaimQueueSandbox(Sandbox):
                 item.record("lapse", lease=item.lease(), attempt=item.attempts)
                 item.status = PENDING
                 item.end_lease()
+
+    def restart(self) -> dict[str, Any]:
+        """The queue's server restarts: items and their leases persist (a lease still lapses
+        at its time), and every work socket is closed. The leases those sockets held are
+        kept, not re-queued at once: the server went away, not the worker."""
+        detached = 0
+        for item in self._items.values():
+            if item.lease_socket is not None:
+                item.lease_socket = None
+                detached += 1
+        sockets = list(self._open_sockets.values())
+        self._open_sockets.clear()
+        self._closing = {asyncio.ensure_future(_close_quietly(websocket)) for websocket in sockets}
+        return {"sockets_closed": len(sockets), "leases_kept": detached}
 
     def _requeue_socket(self, socket_id: int) -> None:
         for item in self._items.values():

@@ -819,6 +819,18 @@ class PipelogiqSandbox(Sandbox):
                 "idempotencyKey": pipeline.idempotency_key, "applicationId": pipeline.app_id,
                 "stages": stages, "context": context}
 
+    def restart(self) -> dict[str, Any]:
+        """The API process restarts: the delivery tokens it held in memory are gone (an ack
+        for one answers 404) and their messages come back after the visibility timeout, as
+        the sweep requeues overdue deliveries. Sessions, leases, executions and results
+        live in the database and survive."""
+        forgotten = len(self.inflight)
+        self.inflight = {f"forgotten-{secrets.token_hex(12)}": held for held in self.inflight.values()}
+        for held in self.inflight.values():
+            self._record(held.message.stage_id, "restart_forgot_token", executionId=held.message.execution_id,
+                         messageId=held.message.message_id, tokenFingerprint=held.fingerprint)
+        return {"forgotten_tokens": forgotten}
+
     # -- sweeps ------------------------------------------------------------------------------------
     def sweep(self) -> None:
         """Requeue overdue deliveries; recover executions whose lease expired."""

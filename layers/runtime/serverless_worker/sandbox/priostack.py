@@ -174,20 +174,19 @@ class PriostackSandbox(Sandbox):
     def jobs(self) -> list[dict[str, Any]]:
         return [self._describe(job) for job in self._jobs.values()]
 
-    def extra_routes(self) -> list[BaseRoute]:
-        async def restart(request: Request) -> Response:
-            """A server restart: every active job goes back to the waiting queue."""
-            now = time.time()
-            requeued = []
-            for job in self._jobs.values():
-                if job.state == "active":
-                    job.state = "waiting"
-                    job.restarts.append(now)
-                    self._waiting[job.key] = None
-                    requeued.append(job.key)
-            return JSONResponse({"requeued": requeued})
-
-        return [Route("/_admin/restart", restart, methods=["POST"])]
+    def restart(self) -> dict[str, Any]:
+        """A server restart (seed 002: a job stays active until completed, failed, cancelled
+        "or the server restarts"): every active job goes back to waiting, and a complete or
+        fail for that activation answers 404 until the job is activated again."""
+        now = time.time()
+        requeued = []
+        for job in self._jobs.values():
+            if job.state == "active":
+                job.state = "waiting"
+                job.restarts.append(now)
+                self._waiting[job.key] = None
+                requeued.append(job.key)
+        return {"requeued": requeued}
 
     # -- protocol routes -------------------------------------------------------------
     def protocol_routes(self) -> list[BaseRoute]:

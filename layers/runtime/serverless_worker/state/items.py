@@ -143,12 +143,14 @@ class LedgerItem:
     deadline: float | None = None        # set only while in flight (the index's range key)
     runs: int = 0                        # how many times start_run claimed it (slices, retries)
     renewals: int = 0                    # renew_deadline calls by the current epoch
+    settle_failures: int = 0             # settling calls (report, ack, hand back) that failed in a row
     outcome: Outcome | None = None
     checkpoint: Any = None               # a continuation's checkpoint (JSON), cleared with the outcome
     report: ReportReceipt | None = None
     error: str | None = None             # why it was handed back, discarded or not dispatched
     cancel_reason: str | None = None     # set by request_cancel: the run must stop
     handover_requested: bool = False     # set by request_handover: continue as a new execution
+    redelivered: bool = False            # the server delivered it again while it was in flight
     callback_token: str | None = field(default=None, repr=False)  # Step Functions task token
     ttl: int | None = None
 
@@ -182,12 +184,14 @@ class LedgerItem:
             deadline=float(attrs["deadline"]) if "deadline" in attrs else None,
             runs=int(attrs.get("runs", 0)),
             renewals=int(attrs.get("renewals", 0)),
+            settle_failures=int(attrs.get("settle_failures", 0)),
             outcome=Outcome.model_validate(outcome) if outcome is not None else None,
             checkpoint=_loads(attrs.get("checkpoint")),
             report=ReportReceipt.model_validate(report) if report is not None else None,
             error=attrs.get("error"),
             cancel_reason=attrs.get("cancel_reason"),
             handover_requested=bool(attrs.get("handover_requested", False)),
+            redelivered=bool(attrs.get("redelivered", False)),
             callback_token=attrs.get("callback_token"),
             ttl=int(attrs["ttl"]) if "ttl" in attrs else None,
         )

@@ -18,7 +18,8 @@ pk                                     sk          attributes
                                                    scope=``{protocol}#{instance}`` + deadline
                                                    (the sparse ``in-flight`` index); once final, ttl
 ``counters#{protocol}#{instance}``     counters    one N per counter (ADD), updated_at
-``control#{protocol}#{instance}``      control     stopped (reason), draining (bool), updated_at
+``control#{protocol}#{instance}``      control     stopped (reason), draining (bool), updated_at,
+                                                   unfit_{digest} (JSON handler + reason) per handler
 =====================================  ==========  ==============================================
 
 Ledger statuses (``LedgerStatus``) and the condition on each transition::
@@ -26,7 +27,8 @@ Ledger statuses (``LedgerStatus``) and the condition on each transition::
     record_delivery   (new)                  -> RECORDED      absent, or final and past its ttl
     mark_dispatched   RECORDED               -> DISPATCHED
     mark_dispatch_failed RECORDED|DISPATCHED -> DISPATCH_FAILED (deadline = now: reaped next)
-    start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch)
+    start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch); a hand-back
+                      claim (epoch ``handback:...``) also takes DISPATCH_FAILED
     take_over         RUNNING(old)           -> RUNNING(new)
     save_checkpoint / renew_deadline / request_cancel / request_handover: RUNNING(epoch)
     store_outcome     RUNNING(epoch)         -> OUTCOME_STORED
@@ -34,6 +36,8 @@ Ledger statuses (``LedgerStatus``) and the condition on each transition::
     mark_acknowledged REPORTED               -> ACKNOWLEDGED   final
     mark_handed_back  any not yet REPORTED   -> HANDED_BACK    final (optionally epoch-fenced)
     mark_discarded    any not yet REPORTED   -> DISCARDED      final (optionally epoch-fenced)
+    note_settle_failure any in flight        -> (same)         deadline = the reaper's retry time
+    mark_abandoned    any not yet REPORTED   -> DISCARDED      final, the job's return recorded again
 
 Final states drop ``scope``/``deadline`` (leaving the index) and set ``ttl`` seven days on.
 A refused transition that the caller branches on returns ``False``/``None``; a fenced
@@ -248,7 +252,15 @@ class StateStore:
         response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
         if response is None:
             log.info("duplicate delivery %s: already in the ledger", key)
-            return None
+            # While in flight, note it: a report the server then answers "not found" (a Priostack
+            # restart forgot the activation, then re-activated the job) must be sent again.
+            if self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
+                                yes=True) or not again_after_hand_back:
+                return None
+            # It went final between the two writes, maybe as unknown to the server: ask again.
+            response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+            if response is None:
+                return None
         self._carry_forgotten_outcome(key, from_item(response.get("Attributes") or {}))
         return key
 
@@ -283,7 +295,10 @@ class StateStore:
         update = ("SET #status = :running, #epoch = :epoch, #deadline = :deadline, #updated_at = :now, "
                   "#started_at = if_not_exists(#started_at, :now) ADD #runs :one")
         # Claim an unstarted delivery, or resume our own run (a continuation slice, a retried invocation).
-        condition = "#status IN (:recorded, :dispatched) OR (#status = :running AND #epoch = :epoch)"
+        # One whose dispatch failed is only claimed to be handed back (the reaper), never run.
+        unstarted = "(:recorded, :dispatched, :dispatch_failed)" if epoch.startswith(HANDBACK_EPOCH_PREFIX) \
+            else "(:recorded, :dispatched)"
+        condition = f"#status IN {unstarted} OR (#status = :running AND #epoch = :epoch)"
         response = self._update(key, update, condition, self._values(epoch=epoch, deadline=deadline, one=1),
                                 returns="ALL_NEW", what="the run")
         return LedgerItem.from_attributes(from_item(response["Attributes"])) if response is not None else None
@@ -356,7 +371,7 @@ class StateStore:
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
         # A report follows a stored outcome; a second reporter finds it already reported.
         update = "SET #report = :report, #status = :reported, #reported_at = :now, #updated_at = :now"
-        if receipt.status == "not_found":
+        if _in_doubt(receipt):
             update += ", #unknown_to_server = :yes"  # the job may come back: see record_delivery
         return self._transition(key, update, "#status = :outcome_stored",
                                 report=dumps(receipt.model_dump(mode="json")), yes=True)
@@ -370,9 +385,17 @@ class StateStore:
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
         # Report and acknowledgement of a stored outcome recorded together, once. A report the
         # server did not know marks the item so that the job's return is recorded again.
-        return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status IN (:outcome_stored, :reported)",
-                           report=dumps(receipt.model_dump(mode="json")),
-                           unknown_to_server=receipt.status == "not_found")
+        not_found = _in_doubt(receipt)
+        condition = "#status IN (:outcome_stored, :reported)"
+        if not_found:
+            # Not while a redelivery is noted: the report is due again (see record_delivery).
+            condition += " AND attribute_not_exists(#redelivered)"
+        return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
+                           report=dumps(receipt.model_dump(mode="json")), unknown_to_server=not_found)
+
+    def clear_redelivered(self, key: str) -> bool:
+        """The noted redelivery is being answered (the report is sent again)."""
+        return self._transition(key, "SET #updated_at = :now REMOVE #redelivered", "attribute_exists(#redelivered)")
 
     def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
         """Final: returned to the server unstarted. With ``epoch``, only if that run owns it."""
@@ -385,10 +408,42 @@ class StateStore:
         # Same rule as handing back: only what has not been reported, fenced by epoch when given.
         return self._final(key, LedgerStatus.DISCARDED, _unreported(epoch), reason=reason, epoch=epoch)
 
+    def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
+        """A settling call failed: the item is retried by the reaper at ``retry_at`` (its new
+        deadline, so it stops holding capacity then); returns the failures in a row.
+
+        ``0`` when the item is already final (someone else settled it meanwhile)."""
+        parse_ledger_key(key)
+        update = ("SET #deadline = :retry_at, #error = :error, #updated_at = :now "
+                  "ADD #settle_failures :one")
+        # Only while in flight: a final item left the index and must not be put back in it.
+        response = self._update(key, update, "attribute_exists(#scope)",
+                                self._values(retry_at=retry_at, error=error[:500], one=1),
+                                returns="UPDATED_NEW", what="the ledger item")
+        return int(from_item(response["Attributes"])["settle_failures"]) if response is not None else 0
+
+    def postpone(self, key: str, deadline: float) -> bool:
+        """Move an in-flight item's deadline (when the reaper next looks at it)."""
+        # Only while in flight, as note_settle_failure.
+        return self._transition(key, "SET #deadline = :deadline, #updated_at = :now", "attribute_exists(#scope)",
+                                deadline=deadline)
+
+    def mark_abandoned(self, key: str, reason: str) -> bool:
+        """Final: settling failed too often. The item is DISCARDED and marked as unknown to
+        the server, so that the job's return is recorded again (with the stored outcome, if
+        any: re-reported, never re-run)."""
+        # Only what has not been reported: a reported outcome is acknowledged instead.
+        return self._final(key, LedgerStatus.DISCARDED, _UNREPORTED, reason=reason, unknown_to_server=True)
+
     # -- in flight -----------------------------------------------------------------
-    def count_in_flight(self, protocol: str, instance: str) -> int:
-        """Unsettled deliveries of this instance (index reads are eventually consistent)."""
-        pages = self._index_pages(scope_of(protocol, instance), None, count=True)
+    def count_in_flight(self, protocol: str, instance: str, *, live_at: float | None = None) -> int:
+        """Unsettled deliveries of this instance (index reads are eventually consistent).
+
+        With ``live_at`` only those whose deadline has not passed by then: something (an
+        executor, a state machine) will settle each of them by its deadline. One past its
+        deadline is the reaper's, and must not hold a slot of capacity while it waits for
+        the next tick's reap: that is what capacity is counted with."""
+        pages = self._index_pages(scope_of(protocol, instance), None, count=True, not_before=live_at)
         return sum(page["Count"] for page in pages)
 
     def in_flight(self, protocol: str, instance: str) -> list[LedgerItem]:
@@ -420,9 +475,36 @@ class StateStore:
         return {name: int(value) for name, value in attrs.items() if name not in _NOT_COUNTERS}
 
     def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
-        """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool}``."""
+        """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool,
+        "unfit": {handler: reason}}`` (handlers no delivery of which can ever run)."""
         attrs = self._get(control_key(protocol, instance)) or {}
-        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False))}
+        unfit = {}
+        for name, value in attrs.items():
+            if name.startswith(_UNFIT_PREFIX):
+                record = json.loads(value)
+                unfit[record["handler"]] = record["reason"]
+        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
+                "unfit": unfit}
+
+    def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
+        """Stop pulling for ``handler``: its timeout can never fit (``runtime.fit``). ``True``
+        when this call set it (the first executor to find out), ``False`` when already set."""
+        attribute = _unfit_attribute(handler)
+        update = f"SET #{attribute} = :record, #updated_at = :now"
+        # One attribute per handler, set once: two executors finding it at once never lose either.
+        condition = f"attribute_not_exists(#{attribute})"
+        values = self._values(record=dumps({"handler": handler, "reason": reason[:1000]}))
+        return self._update(control_key(protocol, instance), update, condition, values,
+                            what="control") is not None
+
+    def clear_unfit(self, protocol: str, instance: str) -> None:
+        """Pull for every handler again (the operator fixed the timeouts)."""
+        pk = control_key(protocol, instance)
+        names = [name for name in (self._get(pk) or {}) if name.startswith(_UNFIT_PREFIX)]
+        if names:
+            # No condition: an operator flag, last writer wins.
+            self._update(pk, "SET #updated_at = :now REMOVE " + ", ".join(f"#{n}" for n in names), None,
+                         self._values(), what="control")
 
     def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
         """Stop pulling (configuration is wrong) with ``reason``; ``None`` clears it."""
@@ -533,10 +615,16 @@ class StateStore:
         except BotoCoreError as err:
             raise StateStoreError(f"DynamoDB {operation} for {key} failed: {type(err).__name__}") from err
 
-    def _index_pages(self, scope: str, before: float | None, *, count: bool) -> Iterator[dict[str, Any]]:
-        condition = "#scope = :scope" + (" AND #deadline < :before" if before is not None else "")
+    def _index_pages(self, scope: str, before: float | None, *, count: bool,
+                     not_before: float | None = None) -> Iterator[dict[str, Any]]:
+        condition = "#scope = :scope"
+        if before is not None:
+            condition += " AND #deadline < :before"
+        elif not_before is not None:
+            condition += " AND #deadline >= :not_before"
+        values = {"scope": scope, "before": before, "not_before": not_before}
         request: dict[str, Any] = {"IndexName": IN_FLIGHT_INDEX, "KeyConditionExpression": condition,
-                                   **self._expression(condition, values={"scope": scope, "before": before})}
+                                   **self._expression(condition, values=values)}
         if count:
             request["Select"] = "COUNT"
         while True:
@@ -579,6 +667,23 @@ def check_counter_deltas(deltas: dict[str, Any]) -> None:
             raise ValueError(f"invalid counter name {name!r}")
         if not isinstance(delta, int) or isinstance(delta, bool):
             raise ValueError(f"counter {name} delta must be an int, got {delta!r}")
+
+
+_UNFIT_PREFIX = "unfit_"
+
+
+def _in_doubt(receipt: ReportReceipt) -> bool:
+    """The server answered "not found" (first try, or after an ambiguous one): it may have
+    forgotten the delivery (a Priostack restart), so the job may come back and must then be
+    recorded again, with our outcome, instead of dropped as a duplicate."""
+    return receipt.status in ("not_found", "already_applied")
+
+
+def _unfit_attribute(handler: str) -> str:
+    """The control item's attribute for one handler (names may hold dots, so a digest)."""
+    import hashlib
+
+    return _UNFIT_PREFIX + hashlib.sha256(handler.encode()).hexdigest()[:16]
 
 
 def _unreported(epoch: str | None) -> str:

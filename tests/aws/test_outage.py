@@ -1,0 +1,44 @@
+"""The job server unavailable, then back: the scheduler gives up a tick after a few failed
+pulls instead of burning the poll window (one pull per tick while it stays down), the
+silent-poller alarm's metric (SuccessfulPolls) shows the outage, and work resumes on its
+own once the server answers again, nothing lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from e2e_support import HANDLERS_PATH, done, in_flight, wait_for
+
+from serverless_worker.runtime.metrics import metrics
+from serverless_worker.runtime.scheduler import UNAVAILABLE_PULLS_MAX
+
+pytestmark = pytest.mark.aws
+
+
+@pytest.mark.parametrize("protocol", ["priostack", "claimqueue"])
+def test_an_outage_ends_ticks_early_and_work_resumes_after_it(worker_env: Any, recorder: Any,
+                                                              protocol: str) -> None:
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"liveness": "full-window"})
+    env.seed("e2e.echo", [{"n": n} for n in range(3)])
+    env.admin.faults([{"kind": "error_5xx", "endpoint": "*", "status": 503}])
+    polls = metrics.totals["SuccessfulPolls"]
+
+    first = env.tick(30.0)
+    second = env.tick(30.0)
+
+    # A 30 s window full of failures would pull every 2 s; the tick stops after a few.
+    assert first["stopped"] == "server unavailable" and first["pulls"] == UNAVAILABLE_PULLS_MAX, first
+    assert second["stopped"] == "server unavailable" and second["pulls"] == 1, second  # still down
+    assert metrics.totals["SuccessfulPolls"] == polls  # the silent-poller alarm's metric sees nothing
+
+    env.admin.clear_faults()
+    third = env.tick(2.0)
+
+    assert third["stopped"] is None and third["pulled"] == 3, third
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
+    assert metrics.totals["SuccessfulPolls"] > polls
+    assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
+    assert in_flight(env) == 0
