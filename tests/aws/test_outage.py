@@ -42,3 +42,36 @@ def test_an_outage_ends_ticks_early_and_work_resumes_after_it(worker_env: Any, r
     assert metrics.totals["SuccessfulPolls"] > polls
     assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
     assert in_flight(env) == 0
+
+
+@pytest.mark.parametrize("protocol", ["pipelogiq", "priostack", "claimqueue"])
+def test_an_unreachable_server_ends_ticks_early_and_work_resumes_when_it_is_back(
+        worker_env: Any, recorder: Any, protocol: str) -> None:
+    """The server process gone (every connection refused), then started again on its port
+    with its state, as after an outage of the host: no tick spends its window retrying, and
+    the jobs waiting on the server are done once each when it is back."""
+    from serverless_worker.sandbox._server import SandboxServer
+
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"liveness": "full-window"})
+    env.seed("e2e.echo", [{"n": n} for n in range(3)])
+    polls = metrics.totals["SuccessfulPolls"]
+    port = env.server.port
+    env.server.stop()
+
+    down = [env.tick(30.0) for _ in range(2)]
+
+    for report in down:
+        assert report["pulled"] == 0 and report["pulls"] <= UNAVAILABLE_PULLS_MAX, report
+        assert report["stopped"], f"a tick against an unreachable server ends early: {report}"
+    assert metrics.totals["SuccessfulPolls"] == polls
+
+    env.server = SandboxServer(env.server.sandbox, port=port).start()
+    up = env.tick(2.0)
+
+    assert up["stopped"] is None and up["pulled"] == 3, up
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
+    assert metrics.totals["SuccessfulPolls"] > polls
+    assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
+    assert in_flight(env) == 0
