@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from e2e_support import HANDLERS_PATH, done, in_flight, wait_for
+from e2e_support import ledger as ledger_items
 
 from serverless_worker.runtime.metrics import metrics
 from serverless_worker.runtime.scheduler import UNAVAILABLE_PULLS_MAX
@@ -74,4 +75,42 @@ def test_an_unreachable_server_ends_ticks_early_and_work_resumes_when_it_is_back
     wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
     assert metrics.totals["SuccessfulPolls"] > polls
     assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
+    assert in_flight(env) == 0
+
+
+@pytest.mark.parametrize("protocol", ["priostack", "claimqueue"])
+def test_a_report_that_meets_the_outage_is_sent_again_when_the_server_is_back(
+        worker_env: Any, recorder: Any, protocol: str) -> None:
+    """The handler finishes while the server is unreachable: its outcome is stored, the
+    report fails, and the reaper sends the stored outcome again once the server is back,
+    without running the handler again. (Pipelogiq is left out: there a run cannot outlive
+    its last confirmed lease, so an outage longer than the lease ends the run instead.)"""
+    from serverless_worker.sandbox._server import SandboxServer
+    from serverless_worker.state import LedgerStatus
+
+    env = worker_env(protocol, handlers=["e2e.gate"], handler_module=HANDLERS_PATH)
+    env.seed("e2e.gate", [{"n": 1}])
+    env.tick(1.0)
+    assert recorder.wait_active(1, 20), "the handler started"
+    port = env.server.port
+    env.server.stop()
+
+    recorder.release.set()  # the handler returns; its report meets a refused connection
+    env.stack.wait_idle(30)
+    # The executor ends in the error, so Lambda would retry the event as well; here the reaper's turn is tested.
+    errors = env.stack.lambdas.background_errors
+    assert [type(e).__name__ for e in errors] == ["ServerUnavailableError"], errors
+    errors.clear()
+    (item,) = ledger_items(env)
+    assert item.status == LedgerStatus.OUTCOME_STORED and item.settle_failures >= 1, item
+
+    env.server = SandboxServer(env.server.sandbox, port=port).start()
+
+    def reported() -> bool:
+        env.tick(1.0)
+        env.stack.wait_idle(30)
+        return all(done(protocol, job) for job in env.admin.jobs())
+
+    wait_for(reported, 60, "the stored outcome reported after the outage", interval=1.0)
+    assert list(recorder.counts("e2e.gate").values()) == [1], "the handler ran once"
     assert in_flight(env) == 0
