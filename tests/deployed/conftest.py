@@ -113,8 +113,9 @@ def localstack() -> Iterator[str]:
     if not already:
         # LocalStack retries a failed async event after 1x and 2x this many seconds (AWS: about
         # 1 and 2 minutes); the dead-letter check waits for both.
+        # Every function runs python3.13: no python3.11 image to build.
         subprocess.run(["bash", str(script), "start"], check=True, timeout=1200,
-                       env={**os.environ, "LAMBDA_RETRY_BASE_DELAY": "5"})
+                       env={"LOCALSTACK_HOST_PYTHONS": "3.13", **os.environ, "LAMBDA_RETRY_BASE_DELAY": "5"})
     env = subprocess.run(["bash", str(script), "env"], capture_output=True, text=True, check=True).stdout
     for line in env.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
