@@ -35,14 +35,7 @@ def test_an_outage_ends_ticks_early_and_work_resumes_after_it(worker_env: Any, r
     assert metrics.totals["SuccessfulPolls"] == polls  # the silent-poller alarm's metric sees nothing
 
     env.admin.clear_faults()
-    third = env.tick(2.0)
-
-    assert third["stopped"] is None and third["pulled"] == 3, third
-    env.stack.wait_idle(30)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
-    assert metrics.totals["SuccessfulPolls"] > polls
-    assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
-    assert in_flight(env) == 0
+    _resumes(env, recorder, protocol, polls)
 
 
 @pytest.mark.parametrize("protocol", ["pipelogiq", "priostack", "claimqueue"])
@@ -68,14 +61,7 @@ def test_an_unreachable_server_ends_ticks_early_and_work_resumes_when_it_is_back
     assert metrics.totals["SuccessfulPolls"] == polls
 
     env.server = SandboxServer(env.server.sandbox, port=port).start()
-    up = env.tick(2.0)
-
-    assert up["stopped"] is None and up["pulled"] == 3, up
-    env.stack.wait_idle(30)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
-    assert metrics.totals["SuccessfulPolls"] > polls
-    assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
-    assert in_flight(env) == 0
+    _resumes(env, recorder, protocol, polls)
 
 
 @pytest.mark.parametrize("protocol", ["priostack", "claimqueue"])
@@ -113,4 +99,15 @@ def test_a_report_that_meets_the_outage_is_sent_again_when_the_server_is_back(
 
     wait_for(reported, 60, "the stored outcome reported after the outage", interval=1.0)
     assert list(recorder.counts("e2e.gate").values()) == [1], "the handler ran once"
+    assert in_flight(env) == 0
+
+
+def _resumes(env: Any, recorder: Any, protocol: str, polls: float) -> None:
+    """The server is back: the next tick pulls the 3 waiting jobs, each runs once, nothing is left."""
+    report = env.tick(2.0)
+    assert report["stopped"] is None and report["pulled"] == 3, report
+    env.stack.wait_idle(30)
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
+    assert metrics.totals["SuccessfulPolls"] > polls
+    assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
     assert in_flight(env) == 0
