@@ -142,10 +142,14 @@ def backdate(env: Any, key: str) -> None:
 
 
 # -- driving -------------------------------------------------------------------------------
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something true, and return that; fail naming
+    ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(interval)
 

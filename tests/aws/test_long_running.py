@@ -19,6 +19,7 @@ from typing import Any
 import handlers_long
 import pytest
 import requests
+from e2e_support import wait_for as poll
 
 from serverless_worker.handlers import default_registry
 from serverless_worker.outcome import OutcomeKind
@@ -72,13 +73,7 @@ def dispatch(env: Env, count: int = 1, tries: int = 4) -> None:
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.1)
+    return poll(check, timeout, what, interval=0.1)
 
 
 def ledger(env: Env) -> list[LedgerItem]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from aws.e2e_support import in_flight, jobs_by_id, ledger, results
+from aws.e2e_support import wait_for as poll
 from aws.test_short_path import (
     _check_claimqueue_outcomes,
     _check_pipelogiq_outcomes,
@@ -38,13 +39,8 @@ _CHECKS = {"pipelogiq": _check_pipelogiq_outcomes, "priostack": _check_priostack
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(interval)
+    """The AWS tier's wait, polling once a second: deployed functions answer in seconds."""
+    return poll(predicate, timeout, what, interval)
 
 
 def ticks(stack: DeployedStack) -> Counter[str]:
