@@ -294,7 +294,7 @@ class HandlerClock:
 
     def registry(self) -> Any:
         """A fresh registry holding the ``bench`` handler."""
-        from serverless_worker.handlers import HandlerRegistry
+        from serverless_worker.registry import HandlerRegistry
 
         registry = HandlerRegistry()
         note = self.note

@@ -83,13 +83,13 @@ class RuntimeRig:
     def __init__(self, aws: Any, sandbox: SandboxProcess, *, registry: Any, concurrency: int,
                  batch_size: int, max_in_flight: int, poll_window: float, dispatcher: Any = None,
                  settings: dict[str, Any] | None = None) -> None:
-        from serverless_worker.config import Settings
         from serverless_worker.local.dispatcher import LocalDispatcher
         from serverless_worker.local.observe import RunObserver
         from serverless_worker.local.table import create_state_table
         from serverless_worker.local.template import template_path
         from serverless_worker.runtime.scheduler import Scheduler
         from serverless_worker.runtime.services import Services
+        from serverless_worker.settings import Settings
         from serverless_worker.state import StateStore
 
         defaults = template_defaults()

@@ -182,8 +182,8 @@ def fault_rules(protocol: str, rate: float) -> list[dict[str, Any]]:
 
 
 def settings_for(protocol: str, url: str, key: str, args: argparse.Namespace) -> Any:
-    from serverless_worker.config import Settings
     from serverless_worker.local.defaults import LOCAL_DEFAULTS
+    from serverless_worker.settings import Settings
 
     return Settings(**{**LOCAL_DEFAULTS, "protocol": protocol, "base_url": url, "api_key": key,
                        "handler_module": str(Path(__file__).resolve()), "handlers": HANDLER,
@@ -199,7 +199,7 @@ def run_passes(protocol: str, settings: Any, admin: Any, server_url: str, jobs: 
     import requests
     from rich.console import Console
 
-    from serverless_worker.local.runner import LocalRunner
+    from serverless_worker.local.worker import LocalRunner
 
     class Runner(LocalRunner):
         """Keeps the run's summary (the ledger's view) instead of only printing it."""
@@ -305,8 +305,8 @@ class SandboxProcess:
 def soak_protocol(protocol: str, args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     import requests
 
-    from serverless_worker.handlers import load_handlers
     from serverless_worker.local.demo import new_key, sandbox_credential_config
+    from serverless_worker.registry import load_handlers
     from serverless_worker.sandbox.admin import SandboxAdmin
 
     runs: _Runs = load_handlers(Path(__file__).resolve()).RUNS  # the copy the runner calls

@@ -74,7 +74,7 @@ def recorder() -> Any:
     executors load by path (``load_handlers`` caches it under its private name). Shared
     with the reliability suite, hence the import through the ``aws`` directory."""
     from aws.e2e_support import HANDLERS_PATH
-    from serverless_worker.handlers import load_handlers
+    from serverless_worker.registry import load_handlers
 
     module = load_handlers(HANDLERS_PATH)
     module.RECORDER.reset()

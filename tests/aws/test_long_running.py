@@ -21,8 +21,8 @@ import pytest
 import requests
 from e2e_support import wait_for as poll
 
-from serverless_worker.handlers import default_registry
 from serverless_worker.outcome import OutcomeKind
+from serverless_worker.registry import default_registry
 from serverless_worker.runtime import steps
 from serverless_worker.runtime.entry import reset_services
 from serverless_worker.state.items import LedgerItem, LedgerStatus, from_item

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import requests
 
-from serverless_worker.config import Settings
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
+from serverless_worker.settings import Settings
 
 pytestmark = pytest.mark.cli
 

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from serverless_worker import __version__
-from serverless_worker.cli.sandbox import DEMO_SEEDS
+from serverless_worker.cli.sandbox_command import DEMO_SEEDS
 from serverless_worker.sandbox import SANDBOXES
 from serverless_worker.sandbox.admin import SandboxAdmin
 

@@ -20,7 +20,7 @@ from serverless_worker.errors import (
 from serverless_worker.outcome import Outcome, OutcomeKind
 from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
-from serverless_worker.protocols.claimqueue_models import _raise_for_answer
+from serverless_worker.protocols.claimqueue_models import raise_for_answer
 from serverless_worker.protocols.claimqueue_socket import ClaimQueueSocket
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
@@ -126,11 +126,11 @@ def test_a_server_echoing_the_token_is_masked_in_the_error() -> None:
 
     for status in (200, 400, 401, 403, 404, 503, None):
         with pytest.raises(ProtocolError) as caught:
-            _raise_for_answer(status, body, endpoint="claim", secrets=(TOKEN,))
+            raise_for_answer(status, body, endpoint="claim", secrets=(TOKEN,))
         assert TOKEN not in str(caught.value) and "is not allowed here" in str(caught.value)
     with pytest.raises(BadRequestError):
-        _raise_for_answer(None, {"type": "error", "error": "nope"}, endpoint="result")
-    assert _raise_for_answer(200, {"ok": True, "accepted": True}, endpoint="result") == {
+        raise_for_answer(None, {"type": "error", "error": "nope"}, endpoint="result")
+    assert raise_for_answer(200, {"ok": True, "accepted": True}, endpoint="result") == {
         "ok": True, "accepted": True}
 
 

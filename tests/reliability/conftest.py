@@ -20,7 +20,7 @@ HANDLERS = str(Path(__file__).with_name("reliability_handlers.py"))
 def handlers_module() -> Any:
     """``reliability_handlers`` as the functions load it (``load_handlers`` caches the module
     under a private name), so a test reads the same ``CALLS`` the handlers write."""
-    from serverless_worker.handlers import load_handlers
+    from serverless_worker.registry import load_handlers
 
     return load_handlers(HANDLERS)
 

@@ -20,7 +20,6 @@ import pytest
 from pydantic import SecretStr
 
 from reliability.conftest import HANDLERS, Env, handlers_module
-from serverless_worker.config import Settings
 from serverless_worker.errors import (
     ConfigurationError,
     ProtocolError,
@@ -32,6 +31,7 @@ from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.protocols.priostack import PriostackClient
 from serverless_worker.runtime.entry import reset_services
+from serverless_worker.settings import Settings
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 TICK = 3.0  # bootstrap, reap and heartbeat come first; at least a second must be left to pull

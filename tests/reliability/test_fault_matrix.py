@@ -73,7 +73,7 @@ NOT_APPLICABLE = [
 def long_runs() -> Iterator[Callable[[], Counter[str]]]:
     """Per-job run counts of handlers_long's long-steady (the Step Functions path), loaded
     by path as the steps function loads it."""
-    from serverless_worker.handlers import load_handlers
+    from serverless_worker.registry import load_handlers
 
     module = load_handlers(HANDLERS_LONG_PATH)
     module.RUNS.clear()

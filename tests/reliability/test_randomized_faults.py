@@ -35,7 +35,7 @@ import requests
 from invariants import FINAL_STATES, Observed, check, observe, record_row
 
 from aws.e2e_support import PROTOCOLS, in_flight, ledger
-from serverless_worker.handlers import load_handlers
+from serverless_worker.registry import load_handlers
 from serverless_worker.state import LedgerStatus
 
 pytestmark = pytest.mark.aws

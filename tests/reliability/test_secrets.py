@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from reliability.conftest import HANDLERS, Env
-from serverless_worker.config import Settings
 from serverless_worker.errors import ConfigurationError
 from serverless_worker.protocols._http import HttpTransport
 from serverless_worker.protocols.factory import create_client
+from serverless_worker.settings import Settings
 
 pytestmark = pytest.mark.aws
 

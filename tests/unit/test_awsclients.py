@@ -13,9 +13,9 @@ from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
 
 from serverless_worker.awsclients import LazyClient, check_region, shared_session
-from serverless_worker.config import load_settings
 from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError
+from serverless_worker.settings import load_settings
 from serverless_worker.state import StateStore
 from support.dynamodb import create_state_table
 

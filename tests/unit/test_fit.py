@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from serverless_worker.handlers import HandlerSpec
-from serverless_worker.local.runner import EXIT_INCOMPLETE, LocalRunner
 from serverless_worker.local.summary import RunSummary
+from serverless_worker.local.worker import EXIT_INCOMPLETE, LocalRunner
 from serverless_worker.protocols.base import Delivery, Lease
+from serverless_worker.registry import HandlerSpec
 from serverless_worker.runtime.fit import never_fits
 
 NOW = 1_000_000.0

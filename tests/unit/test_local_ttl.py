@@ -105,7 +105,7 @@ def test_observer_forgets_swept_deliveries() -> None:
 
 
 def test_runner_maps_swept_keys_to_ledger_ids() -> None:
-    from serverless_worker.local.runner import LocalRunner
+    from serverless_worker.local.worker import LocalRunner
 
     runner: Any = LocalRunner.__new__(LocalRunner)
     runner._observer = RunObserver()

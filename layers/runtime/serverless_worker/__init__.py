@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import BusinessError, JobCancelledError, ServerlessWorkerError, UnknownHandlerError
 
 if TYPE_CHECKING:
-    from .handlers import HandlerRegistry, HandlerSpec, default_registry, handler, load_handlers
     from .job import CancelReason, Job
+    from .registry import HandlerRegistry, HandlerSpec, default_registry, handler, load_handlers
     from .results import Continue, Result
 
 __all__ = [
@@ -42,11 +42,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "HandlerRegistry": "handlers",
-    "HandlerSpec": "handlers",
-    "default_registry": "handlers",
-    "handler": "handlers",
-    "load_handlers": "handlers",
+    "HandlerRegistry": "registry",
+    "HandlerSpec": "registry",
+    "default_registry": "registry",
+    "handler": "registry",
+    "load_handlers": "registry",
     "CancelReason": "job",
     "Job": "job",
     "Continue": "results",

@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from .settings import Settings
 
 __all__ = ["CACHE_SECONDS", "resolve_api_key"]
 

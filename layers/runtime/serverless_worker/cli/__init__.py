@@ -1,6 +1,6 @@
 """The ``serverless-worker`` command: a thin argparse frame over the runtime.
 
-Each subcommand is one module of this package exposing ``register(subparsers)``, which
+Each subcommand is one module of this package, named ``<subcommand>_command``, exposing ``register(subparsers)``, which
 adds its parser and sets ``handler=fn`` (``fn(args) -> int``) with ``set_defaults``.
 Adding a subcommand is one module plus one name in :data:`SUBCOMMANDS`. Subcommand
 modules import heavy dependencies inside their handlers, so ``--help`` stays instant.
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+        importlib.import_module(f"{__name__}.{name}_command").register(subparsers)
     return parser
 
 

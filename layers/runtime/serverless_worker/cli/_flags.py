@@ -1,4 +1,4 @@
-"""Command-line flags generated from the one :class:`~serverless_worker.config.Settings`
+"""Command-line flags generated from the one :class:`~serverless_worker.settings.Settings`
 model: ``--batch-size`` is ``SW_BATCH_SIZE`` is the template parameter ``BatchSize``.
 
 Flag values are handed to the model as the strings an environment variable would hold,
@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from ..config import ENV_PREFIX, Settings
+from ..settings import ENV_PREFIX, Settings
 
 __all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "env_name", "flag_names",
            "settings_from_args"]

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from ..config import Settings
 from ..errors import ConfigurationError
 from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
+from ..settings import Settings
 from ._flags import LAMBDA_ONLY, NO_FLAG, env_name, flag_names
 
 __all__ = ["SettingRow", "settings_rows", "to_markdown"]

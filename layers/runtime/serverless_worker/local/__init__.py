@@ -34,7 +34,7 @@ __all__ = [
 _HOME = {
     "EmbeddedAws": "aws",
     "LocalDispatcher": "dispatcher",
-    "LocalRunner": "runner",
+    "LocalRunner": "worker",
     "RunObserver": "observe",
     "create_state_table": "table",
     "find_project_root": "project",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..handlers import HandlerRegistry
+from ..registry import HandlerRegistry
 
 __all__ = ["RunObserver", "instrument"]
 

@@ -49,7 +49,7 @@ from .claimqueue_models import (
     ItemStatus,
     ProgressAnswer,
     ResultAnswer,
-    _raise_for_answer,
+    raise_for_answer,
 )
 
 if TYPE_CHECKING:
@@ -406,7 +406,7 @@ class ClaimQueueClient(WorkerProtocol):
     def _call(self, method: str, endpoint: str, path: str, body: Any, *, job_id: str = "") -> dict[str, Any]:
         response = self._http.request(method, path, endpoint=endpoint, json_body=body,
                                       headers={"Authorization": f"Bearer {self._token.get_secret_value()}"})
-        return _raise_for_answer(response.status, _decode(response), endpoint=endpoint, job_id=job_id,
+        return raise_for_answer(response.status, _decode(response), endpoint=endpoint, job_id=job_id,
                                  retry_after=response.retry_after,
                                  secrets=(self._token.get_secret_value(),))
 

@@ -3,7 +3,7 @@
 Unknown fields are ignored everywhere. Item ids are opaque strings; an integer id is
 read as its decimal string because it addresses the same path segment either way.
 Errors arrive as ``{"ok": false, "error": "..."}``, as an HTTP 4xx/5xx, or on the socket
-as ``{"type": "error", "error": "..."}``; :func:`_raise_for_answer` is the one place that
+as ``{"type": "error", "error": "..."}``; :func:`raise_for_answer` is the one place that
 turns any of them into the project's error tree, for both transports.
 """
 
@@ -35,6 +35,7 @@ __all__ = [
     "SocketEmpty",
     "SocketError",
     "SocketItem",
+    "raise_for_answer",
 ]
 
 TERMINAL_STATUSES = frozenset({"finished", "failed"})
@@ -172,7 +173,7 @@ def _error_text(body: Any, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def _raise_for_answer(
+def raise_for_answer(
     status: int | None,
     body: Any,
     *,

@@ -38,7 +38,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from ..errors import ProtocolViolationError, ServerUnavailableError
 from ._http import DEFAULT_MAX_RESPONSE_BYTES
-from .claimqueue_models import SocketAck, SocketItem, _raise_for_answer
+from .claimqueue_models import SocketAck, SocketItem, raise_for_answer
 
 __all__ = ["ClaimQueueSocket"]
 
@@ -176,7 +176,7 @@ class ClaimQueueSocket:
                 log.debug("ignoring work socket message of unknown type on %s", endpoint)
                 continue  # tolerated: a newer server may send notices we do not know
             if kind == "error":
-                _raise_for_answer(None, data, endpoint=endpoint, job_id=item_id or "",
+                raise_for_answer(None, data, endpoint=endpoint, job_id=item_id or "",
                                   secrets=(self._token.get_secret_value(),))
             if kind not in expect or (item_id is not None and data.get("id") not in (None, item_id)):
                 self._drop()  # out of step with the server: nothing further can be trusted
@@ -204,7 +204,7 @@ class ClaimQueueSocket:
                 body = json.loads(response.body or b"")
             except ValueError:
                 body = None
-            _raise_for_answer(response.status_code, body, endpoint=endpoint, secrets=(token,))
+            raise_for_answer(response.status_code, body, endpoint=endpoint, secrets=(token,))
             raise ProtocolViolationError("work socket handshake refused", endpoint=endpoint,
                                          status=response.status_code) from err
         except (InvalidHandshake, InvalidURI) as err:

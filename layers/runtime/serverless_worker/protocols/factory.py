@@ -15,7 +15,7 @@ from ._http import RetryPolicy
 from .base import WorkerProtocol
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ..settings import Settings
 
 __all__ = ["create_client"]
 

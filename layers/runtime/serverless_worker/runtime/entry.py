@@ -37,8 +37,8 @@ def services_from_environment() -> Services:
     No AWS client is built here: each one is built on its first call (``awsclients``), so
     a function pays only for the clients it uses.
     """
-    from ..config import load_settings
-    from ..handlers import default_registry, load_handlers
+    from ..registry import default_registry, load_handlers
+    from ..settings import load_settings
     from ..state import StateStore
     from .dispatch import AwsDispatcher
     from .services import Services

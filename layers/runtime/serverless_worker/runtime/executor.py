@@ -31,7 +31,7 @@ from .progress import progress_reporter
 from .services import Services
 from .settle import Settlement, acknowledge, discard, hand_back, settle
 
-__all__ = ["execute", "resume", "run_claimed", "store_outcome"]
+__all__ = ["execute", "resume", "run_claimed", "settle_refusal", "store_outcome"]
 
 log = logging.getLogger("serverless_worker.executor")
 
@@ -93,7 +93,7 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
     try:
         lease = services.call(lambda p: p.acquire(delivery))
     except LeaseRefusedError as refusal:
-        return _refused(services, ledger_key, delivery, refusal)
+        return settle_refusal(services, ledger_key, delivery, refusal)
     except ProtocolError as err:
         # We could not learn whether we hold the lease; the handler has not started, so
         # handing back is safe and definite.
@@ -146,7 +146,7 @@ def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outc
 
 
 def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget: float) -> Outcome:
-    from ..runner import run_handler
+    from ..handler_runner import run_handler
 
     cancel = threading.Event()
     reason: list[str] = []
@@ -171,7 +171,7 @@ def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget
     return outcome
 
 
-def _refused(services: Services, ledger_key: str, delivery: Delivery, refusal: LeaseRefusedError) -> Settlement:
+def settle_refusal(services: Services, ledger_key: str, delivery: Delivery, refusal: LeaseRefusedError) -> Settlement:
     """Never run a refused delivery. Every refusal settles the delivery (ack without
     requeue): stale and duplicate deliveries are dropped, and for ``lease_expired`` the
     server's recovery publishes a fresh execution, so requeueing this one would only

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from ..handlers import HandlerSpec
 from ..protocols.base import Delivery, Lease
+from ..registry import HandlerSpec
 from .services import Services
 
 __all__ = ["never_fits", "report_unfit"]

@@ -32,9 +32,9 @@ T = TypeVar("T")
 class Services:
     """The runtime's dependencies. ``protocol`` is built on first use with the credential."""
 
-    settings: Any                      # serverless_worker.config.Settings
+    settings: Any                      # serverless_worker.settings.Settings
     store: Any                         # serverless_worker.state.StateStore
-    registry: Any                      # serverless_worker.handlers.HandlerRegistry
+    registry: Any                      # serverless_worker.registry.HandlerRegistry
     dispatcher: Dispatcher | None = None
     credential_source: Callable[[bool], SecretStr] | None = None
     clock: Callable[[], float] = time.time

@@ -20,7 +20,7 @@ from ..state.store import HANDBACK_EPOCH_PREFIX
 from .services import Services
 
 __all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",
-           "note_failure", "retry_delay", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
+           "note_failure", "retry_delay", "count_settled", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
 
 # A settling call that fails (the server down, answering garbage) is retried by the reaper
 # after a back-off that doubles per failure, up to SETTLE_RETRY_MAX_SECONDS; after
@@ -101,7 +101,7 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
         # to the new activation, rather than strand the job with nobody holding it.
         receipt = report(services, key, delivery, outcome, record=False)
         _acknowledge(services, key, delivery, receipt=receipt)
-    _count(services, outcome)
+    count_settled(services, outcome)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
 
@@ -188,7 +188,7 @@ def _hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
     services.store.mark_handed_back(key, reason, epoch=epoch)
     services.events.add("job.handed_back", f"job {delivery.job_id} handed back: {reason}",
                         job_id=delivery.job_id)
-    _count(services, None, handed_back=1)
+    count_settled(services, None, handed_back=1)
     return Settlement("handed_back", detail=reason)
 
 
@@ -204,11 +204,11 @@ def _discard(services: Services, key: str, delivery: Delivery, reason: str) -> S
     except NotFoundError as err:
         log.info("discard found nothing to settle: %s", err)
     services.store.mark_discarded(key, reason)
-    _count(services, None, discarded=1)
+    count_settled(services, None, discarded=1)
     return Settlement("discarded", detail=reason)
 
 
-def _count(services: Services, outcome: Outcome | None, **extra: Any) -> None:
+def count_settled(services: Services, outcome: Outcome | None, **extra: Any) -> None:
     """Count the settled job in this container's buffer: no DynamoDB write per job (the
     buffer writes a batch at most every ``counters_flush_seconds``)."""
     deltas = dict(extra)

@@ -47,11 +47,11 @@ from ..protocols.base import Lease
 from ..state.errors import StaleWriteError
 from ..state.items import LedgerItem, LedgerStatus
 from .context import LambdaContextLike
-from .executor import _refused
+from .executor import settle_refusal
 from .lease import time_budget
 from .progress import progress_reporter
 from .services import Services
-from .settle import _count, acknowledge, discard, hand_back, handback_epoch, report, settle
+from .settle import acknowledge, count_settled, discard, hand_back, handback_epoch, report, settle
 
 __all__ = ["MAX_RENEW_CYCLES", "STEPS", "run_step"]
 
@@ -137,7 +137,7 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
                                                  message=f"renewal refused: {refusal.reason}"))
             discard(services, key, delivery, f"lease lost at handover: {refusal.reason}")
         else:
-            _refused(services, key, delivery, refusal)
+            settle_refusal(services, key, delivery, refusal)
         return _done(reason=refusal.reason, epoch=epoch)
     except ProtocolError as err:
         if handover:  # unknown whether the renewal went through: the renew loop tries again
@@ -198,7 +198,7 @@ def _take_lease(services: Services, item: LedgerItem, *, handover: bool) -> Leas
 def run_slice(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     """Run the handler once (one slice) from the stored checkpoint; store a continuation's
     checkpoint or the final outcome. Decides the handover at a slice boundary."""
-    from ..runner import run_handler
+    from ..handler_runner import run_handler
 
     key, epoch = event["ledger_key"], event["epoch"]
     store = services.store
@@ -269,7 +269,7 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
 def start_callback(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     """Run the handler with the task token; it starts external work that will later call
     SendTaskSuccess/Failure. A handler that fails to start the work fails the task now."""
-    from ..runner import run_handler
+    from ..handler_runner import run_handler
 
     key, epoch, token = event["ledger_key"], event["epoch"], event["task_token"]
     store = services.store
@@ -408,7 +408,7 @@ def ack_step(services: Services, event: dict[str, Any], context: LambdaContextLi
     item = services.store.get(key)
     if item is not None and item.status is LedgerStatus.REPORTED:
         acknowledge(services, key, item.delivery)
-        _count(services, item.outcome)
+        count_settled(services, item.outcome)
         return {"acknowledged": True}
     return {"acknowledged": False}
 

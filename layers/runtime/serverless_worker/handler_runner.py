@@ -31,10 +31,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import BadInputError, BusinessError, JobCancelledError
-from .handlers import HandlerSpec
 from .job import CancelReason, Clock, Job, ProgressReporter, truncate_utf8
 from .outcome import Outcome, OutcomeKind, ResultExtras, ResultLog
 from .protocols.base import Delivery
+from .registry import HandlerSpec
 from .results import Continue, NotJsonSerializableError, Result, to_jsonable
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
     "run_handler",
 ]
 
-log = logging.getLogger("serverless_worker.runner")
+log = logging.getLogger("serverless_worker.handler_runner")
 
 MAX_MESSAGE_BYTES = 4096    # failure messages are cut to this size
 _POLL_SECONDS = 0.05        # how often the watcher looks at an external cancel signal

@@ -45,7 +45,7 @@ from .aws import EmbeddedAws
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
-from .handlers import load_local_handlers
+from .handler_module import load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
 from .project import find_project_root

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigurationError
-from .handlers import HANDLER_NAME_RE
 from .loopback import is_loopback_host
+from .registry import HANDLER_NAME_RE
 
 __all__ = [
     "ENV_PREFIX",
@@ -312,6 +312,6 @@ def load_settings(**overrides: Any) -> Settings:
     straight through. Raises :class:`ConfigurationError` naming each bad setting.
     """
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    logging.getLogger("serverless_worker.config").debug(
+    logging.getLogger("serverless_worker.settings").debug(
         "settings loaded: protocol=%s handlers=%s", settings.protocol, settings.handlers)
     return settings

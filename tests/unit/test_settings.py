@@ -14,9 +14,9 @@ import pytest
 from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
 
-from serverless_worker.config import LOCAL_API_KEY, Settings, environment_values, load_settings
 from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError
+from serverless_worker.settings import LOCAL_API_KEY, Settings, environment_values, load_settings
 
 SECRET = "sk-live-DO-NOT-PRINT-123"
 HTTPS = "https://jobs.example.com"
@@ -144,7 +144,7 @@ def test_secrets_are_masked_in_repr() -> None:
 
 
 def test_importing_settings_does_not_import_boto3_or_powertools() -> None:
-    code = ("import sys, serverless_worker.config, serverless_worker.credentials; "
+    code = ("import sys, serverless_worker.settings, serverless_worker.credentials; "
             "print(sorted(m for m in ('boto3', 'botocore', 'aws_lambda_powertools', 'requests') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

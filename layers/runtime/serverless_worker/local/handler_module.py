@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import ConfigurationError
-from ..handlers import HandlerRegistry, load_handlers
+from ..registry import HandlerRegistry, load_handlers
 
 __all__ = ["load_local_handlers", "resolve_handler_module"]
 

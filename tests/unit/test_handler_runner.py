@@ -14,10 +14,10 @@ import pytest
 from pydantic import BaseModel, Field
 
 from serverless_worker import BusinessError, Continue, Job, Result
-from serverless_worker.handlers import HandlerSpec
+from serverless_worker.handler_runner import MAX_MESSAGE_BYTES, CancelSignal, RunResult, run_handler
 from serverless_worker.outcome import OutcomeKind
 from serverless_worker.protocols.base import Delivery
-from serverless_worker.runner import MAX_MESSAGE_BYTES, CancelSignal, RunResult, run_handler
+from serverless_worker.registry import HandlerSpec
 
 SECRET = "4111-1111-SECRET-VALUE"
 BUDGET = 0.2
@@ -303,14 +303,14 @@ def test_an_exception_is_a_failure_named_after_its_class_and_logged_with_traceba
         job.log("about to fail")
         raise ValueError("gateway said no")
 
-    with caplog.at_level(logging.ERROR, logger="serverless_worker.runner"):
+    with caplog.at_level(logging.ERROR, logger="serverless_worker.handler_runner"):
         outcome = run(fn).outcome
 
     assert outcome is not None
     assert (outcome.kind, outcome.error_code, outcome.message) == (
         OutcomeKind.FAILURE, "ValueError", "ValueError: gateway said no")
     assert outcome.extras is not None and outcome.extras.logs[0].message == "about to fail"
-    [record] = [r for r in caplog.records if r.name == "serverless_worker.runner"]
+    [record] = [r for r in caplog.records if r.name == "serverless_worker.handler_runner"]
     assert record.levelno == logging.ERROR
     assert record.exc_info is not None and record.exc_info[0] is ValueError
     assert (record.job_id, record.handler) == ("job-1", "h")  # type: ignore[attr-defined]

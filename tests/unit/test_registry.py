@@ -24,15 +24,15 @@ from serverless_worker.errors import (
     ServerlessWorkerError,
     UnknownHandlerError,
 )
-from serverless_worker.handlers import (
+from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason
+from serverless_worker.outcome import AppendedStage, ContextUpdate, ResultLog
+from serverless_worker.registry import (
     HandlerRegistry,
     HandlerSpec,
     default_registry,
     get_handler,
     load_handlers,
 )
-from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason
-from serverless_worker.outcome import AppendedStage, ContextUpdate, ResultLog
 from serverless_worker.results import NotJsonSerializableError, to_jsonable
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "functions" / "handlers"

@@ -24,9 +24,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..config import Settings
 from ..errors import ConfigurationError
 from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
+from ..settings import Settings
 from ._flags import add_settings_flags, env_name, flag_names, settings_from_args
 
 __all__ = ["build_settings", "register", "run"]
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     settings, own_sandbox = build_settings(args)
     from rich.console import Console
 
-    from ..local.runner import EXIT_FORCED, LocalRunner
+    from ..local.worker import EXIT_FORCED, LocalRunner
 
     live = sys.stdout.isatty()
     console = Console(highlight=False, width=None if live else 120)
