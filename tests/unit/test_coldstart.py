@@ -46,7 +46,7 @@ print(json.dumps({
     "protocol_modules": sorted(n for n in sys.modules if n.startswith("serverless_worker.protocols.")
                                and n.rsplit(".", 1)[1] in ("pipelogiq", "priostack", "claimqueue")),
     "store_client": repr(services.store._client),
-    "dispatcher_clients": [dispatcher._lambda is not None, dispatcher._sfn is not None],
+    "dispatcher_clients": [repr(dispatcher._lambda), repr(dispatcher._sfn)],
     "handler": callable(module.lambda_handler),
 }))
 """
@@ -68,7 +68,8 @@ def test_a_cold_start_leaves_out_what_it_does_not_need(function: str) -> None:
     assert seen["loaded"] == []
     assert seen["protocol_modules"] == ["serverless_worker.protocols.pipelogiq"]
     assert seen["store_client"] == "LazyClient('dynamodb', built=False)"
-    assert seen["dispatcher_clients"] == [False, False]
+    assert seen["dispatcher_clients"] == ["LazyClient('lambda', built=False)",
+                                          "LazyClient('stepfunctions', built=False)"]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS[1:])

@@ -12,6 +12,10 @@ A client that cannot be built because AWS is set up wrong (no region, an unusabl
 profile) raises one :class:`ConfigurationError` saying what to fix, from the call that
 needed the client: :func:`aws_setup_error` is the one translation, shared with the
 Lambda entry points.
+
+The runtime's code calls boto3 through small typed views (:class:`LambdaClient`,
+:class:`StepFunctionsClient`): each names only the operations the runtime makes, so mypy
+checks those calls without the boto3 type stubs, which the Lambda runtime does not ship.
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .errors import ConfigurationError
 
-__all__ = ["LazyClient", "aws_setup_error", "build_all_clients", "check_region", "renew_clients",
-           "shared_session"]
+if TYPE_CHECKING:
+    import boto3
+    import botocore.session
+
+__all__ = ["LambdaClient", "LazyClient", "StepFunctionsClient", "aws_setup_error", "build_all_clients",
+           "check_region", "lambda_client", "renew_clients", "shared_session", "stepfunctions_client"]
 
 # botocore sessions are not thread-safe: one lock around creating the session and clients.
 _LOCK = threading.RLock()
@@ -32,7 +41,7 @@ _LOCK = threading.RLock()
 _CLIENTS: weakref.WeakSet[LazyClient] = weakref.WeakSet()
 # The botocore session under boto3's default session, kept so a renewed session can reuse
 # its loaded service models (data only: no credentials, no connections).
-_BOTOCORE: Any = None
+_BOTOCORE: botocore.session.Session | None = None
 
 # AWS error codes that mean "the stack or the account is set up wrong", not "try again".
 _MISSING = frozenset({"ResourceNotFoundException", "StateMachineDoesNotExist", "QueueDoesNotExist",
@@ -43,7 +52,7 @@ _DENIED = frozenset({"AccessDenied", "AccessDeniedException", "UnrecognizedClien
                      "MissingAuthenticationToken"})
 
 
-def shared_session() -> Any:
+def shared_session() -> boto3.Session:
     """boto3's default session (created once): the one session every runtime client uses."""
     import boto3
 
@@ -59,7 +68,8 @@ def shared_session() -> Any:
                 # Building the loader read the profile and refused a missing one; read it here instead.
                 _BOTOCORE.get_scoped_config()
             boto3.setup_default_session(botocore_session=_BOTOCORE)
-        return boto3.DEFAULT_SESSION
+        session: boto3.Session = boto3.DEFAULT_SESSION
+        return session
 
 
 def renew_clients() -> None:
@@ -155,6 +165,34 @@ class LazyClient:
 
     def __repr__(self) -> str:
         return f"LazyClient({self._service!r}, built={self.built})"
+
+
+class LambdaClient(Protocol):
+    """The Lambda operations the runtime calls (the dispatcher's async ``Invoke``)."""
+
+    def invoke(self, *, FunctionName: str, InvocationType: str, Payload: bytes) -> Mapping[str, Any]: ...
+
+
+class StepFunctionsClient(Protocol):
+    """The Step Functions operations the runtime calls: starting an execution, and ending
+    or keeping alive a callback task."""
+
+    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> Mapping[str, Any]: ...
+
+    def send_task_failure(self, *, taskToken: str, error: str, cause: str) -> Mapping[str, Any]: ...
+
+    def send_task_heartbeat(self, *, taskToken: str) -> Mapping[str, Any]: ...
+
+
+def lambda_client() -> LambdaClient:
+    """A lazily built Lambda client. The proxy forwards every call to the real client, so
+    it is typed as the operations it forwards."""
+    return cast(LambdaClient, LazyClient("lambda"))
+
+
+def stepfunctions_client() -> StepFunctionsClient:
+    """A lazily built Step Functions client (see :func:`lambda_client`)."""
+    return cast(StepFunctionsClient, LazyClient("stepfunctions"))
 
 
 def aws_setup_error(err: BaseException) -> ConfigurationError | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..awsclients import StepFunctionsClient
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.dispatch import AwsDispatcher, Dispatcher, DispatchError
 from .observe import RunObserver
@@ -30,15 +31,16 @@ ExecutorEntry = Callable[[str, LambdaContextLike], dict[str, Any]]
 
 
 class LocalDispatcher(Dispatcher):
-    """Executors in ``concurrency`` threads; executions through ``sfn_client``.
+    """Executors in ``concurrency`` threads; executions and callback tasks through
+    ``sfn_client`` (the embedded Step Functions), as :class:`AwsDispatcher` does in AWS.
 
     ``attach(entry)`` gives it the executor entry (``execute`` bound to the shared
     Services), which is built after the dispatcher it contains.
     """
 
     def __init__(self, *, concurrency: int, executor_timeout: float, observer: RunObserver,
-                 state_machine_arn: str | None = None, sfn_client: Any = None, retries: int = 2,
-                 retry_delay: float = 1.0) -> None:
+                 state_machine_arn: str | None = None, sfn_client: StepFunctionsClient | None = None,
+                 retries: int = 2, retry_delay: float = 1.0) -> None:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="executor")
         self._timeout = executor_timeout
         self._observer = observer
@@ -46,7 +48,6 @@ class LocalDispatcher(Dispatcher):
         self._retry_delay = retry_delay
         self._entry: ExecutorEntry | None = None
         self._closed = threading.Event()
-        self._sfn_client = sfn_client
         self._executions = AwsDispatcher(executor_function=None, state_machine_arn=state_machine_arn,
                                          sfn_client=sfn_client) if state_machine_arn else None
         self.concurrency = concurrency
@@ -67,16 +68,20 @@ class LocalDispatcher(Dispatcher):
         self._observer.arrived()
 
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
-        if self._executions is None:
-            raise DispatchError("no state machine: the local runner found no long-running handler")
-        self._executions.start_execution(ledger_key, handover_epoch)
+        self._state_machine().start_execution(ledger_key, handover_epoch)
         if handover_epoch is None:  # a continue-as-new is the same job, not a new arrival
             self._observer.arrived()
 
-    @property
-    def sfn_client(self) -> Any:
-        """The embedded Step Functions client (task-token callbacks use it)."""
-        return self._sfn_client
+    def fail_task(self, task_token: str, *, error: str, cause: str) -> bool:
+        return self._state_machine().fail_task(task_token, error=error, cause=cause)
+
+    def heartbeat_task(self, task_token: str) -> bool:
+        return self._state_machine().heartbeat_task(task_token)
+
+    def _state_machine(self) -> AwsDispatcher:
+        if self._executions is None:
+            raise DispatchError("no state machine: the local runner found no long-running handler")
+        return self._executions
 
     # -- the pool ------------------------------------------------------------------------
     def _invoke(self, ledger_key: str) -> None:

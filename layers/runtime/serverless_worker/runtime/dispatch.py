@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from .. import awsclients
+from ..awsclients import LambdaClient, StepFunctionsClient
 from ..errors import ServerlessWorkerError
+
+if TYPE_CHECKING:
+    import botocore.exceptions
 
 __all__ = ["DispatchError", "Dispatcher", "AwsDispatcher", "executor_event", "execution_input"]
 
@@ -29,7 +34,8 @@ def execution_input(ledger_key: str, handover_epoch: str | None = None) -> dict[
 
 
 class Dispatcher(ABC):
-    """Where deliveries go once they are in the ledger."""
+    """Where deliveries go once they are in the ledger, and the Step Functions calls the
+    long-running steps make about their callback task."""
 
     @abstractmethod
     def invoke_executor(self, ledger_key: str) -> None:
@@ -39,22 +45,32 @@ class Dispatcher(ABC):
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
         """Start the long-running state machine for one delivery."""
 
+    def fail_task(self, task_token: str, *, error: str, cause: str) -> bool:
+        """End a callback task as failed; ``False`` when the task had already ended."""
+        raise DispatchError(f"{type(self).__name__} has no state machine")
+
+    def heartbeat_task(self, task_token: str) -> bool:
+        """Keep a callback task alive; ``False`` when the task had already ended."""
+        raise DispatchError(f"{type(self).__name__} has no state machine")
+
 
 _NAME_SAFE = re.compile(r"[^0-9A-Za-z_-]")
+# What Step Functions answers for a task token whose task is over (timed out, finished,
+# or its execution ended): nothing is wrong, there is just nothing left to tell it.
+_TASK_ENDED = frozenset({"TaskDoesNotExist", "TaskTimedOut", "InvalidToken"})
 
 
 class AwsDispatcher(Dispatcher):
-    """Lambda async ``Invoke`` and Step Functions ``StartExecution`` through boto3."""
+    """Lambda async ``Invoke`` and Step Functions calls through boto3, each client built on
+    its first call (``awsclients``) and reused for the life of the container."""
 
     def __init__(self, *, executor_function: str | None, state_machine_arn: str | None,
-                 lambda_client: Any = None, sfn_client: Any = None) -> None:
+                 lambda_client: LambdaClient | None = None,
+                 sfn_client: StepFunctionsClient | None = None) -> None:
         self._function = executor_function
         self._state_machine = state_machine_arn
-        self._lambda = lambda_client
-        self._sfn = sfn_client
-        # The scheduler dispatches from a pool of threads, and creating a boto3 client on
-        # the shared default session is not thread-safe: build each client once, locked.
-        self._clients_lock = threading.Lock()
+        self._lambda = lambda_client if lambda_client is not None else awsclients.lambda_client()
+        self._sfn = sfn_client if sfn_client is not None else awsclients.stepfunctions_client()
 
     def invoke_executor(self, ledger_key: str) -> None:
         if not self._function:
@@ -62,30 +78,12 @@ class AwsDispatcher(Dispatcher):
         import botocore.exceptions
 
         try:
-            self.lambda_client.invoke(FunctionName=self._function, InvocationType="Event",
-                                      Payload=json.dumps(executor_event(ledger_key)).encode())
+            self._lambda.invoke(FunctionName=self._function, InvocationType="Event",
+                                Payload=json.dumps(executor_event(ledger_key)).encode())
         except botocore.exceptions.BotoCoreError as err:
             raise DispatchError(f"invoke failed: {type(err).__name__}") from err
         except botocore.exceptions.ClientError as err:
-            raise DispatchError(f"invoke failed: {err.response['Error'].get('Code')}") from err
-
-    @property
-    def lambda_client(self) -> Any:
-        with self._clients_lock:
-            if self._lambda is None:
-                import boto3
-
-                self._lambda = boto3.client("lambda")
-            return self._lambda
-
-    @property
-    def sfn_client(self) -> Any:
-        with self._clients_lock:
-            if self._sfn is None:
-                import boto3
-
-                self._sfn = boto3.client("stepfunctions")
-            return self._sfn
+            raise DispatchError(f"invoke failed: {_code(err)}") from err
 
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
         if not self._state_machine:
@@ -94,14 +92,42 @@ class AwsDispatcher(Dispatcher):
 
         name = _execution_name(ledger_key, handover_epoch)
         try:
-            self.sfn_client.start_execution(stateMachineArn=self._state_machine, name=name,
+            self._sfn.start_execution(stateMachineArn=self._state_machine, name=name,
                                       input=json.dumps(execution_input(ledger_key, handover_epoch)))
         except botocore.exceptions.ClientError as err:
-            if err.response["Error"].get("Code") == "ExecutionAlreadyExists":
+            if _code(err) == "ExecutionAlreadyExists":
                 return  # the same delivery was already started: idempotent by name
-            raise DispatchError(f"start_execution failed: {err.response['Error'].get('Code')}") from err
+            raise DispatchError(f"start_execution failed: {_code(err)}") from err
         except botocore.exceptions.BotoCoreError as err:
             raise DispatchError(f"start_execution failed: {type(err).__name__}") from err
+
+    def fail_task(self, task_token: str, *, error: str, cause: str) -> bool:
+        return self._task_call("send_task_failure",
+                               lambda: self._sfn.send_task_failure(taskToken=task_token, error=error,
+                                                                   cause=cause))
+
+    def heartbeat_task(self, task_token: str) -> bool:
+        return self._task_call("send_task_heartbeat", lambda: self._sfn.send_task_heartbeat(taskToken=task_token))
+
+    @staticmethod
+    def _task_call(operation: str, call: Callable[[], object]) -> bool:
+        """``call()``; ``False`` when the task is over, a DispatchError naming the code otherwise
+        (the code only: a message could quote the token)."""
+        import botocore.exceptions
+
+        try:
+            call()
+        except botocore.exceptions.ClientError as err:
+            if _code(err) in _TASK_ENDED:
+                return False
+            raise DispatchError(f"{operation} failed: {_code(err)}") from err
+        except botocore.exceptions.BotoCoreError as err:
+            raise DispatchError(f"{operation} failed: {type(err).__name__}") from err
+        return True
+
+
+def _code(err: botocore.exceptions.ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
 
 
 def _execution_name(ledger_key: str, handover_epoch: str | None) -> str:

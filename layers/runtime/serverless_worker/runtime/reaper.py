@@ -52,6 +52,7 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
     for item in store.stranded(services.protocol_name, services.instance, now)[:limit]:
         epoch = f"reaper:{uuid.uuid4()}"
         status = str(item.status)
+        running = item.epoch  # the run holding a RUNNING item (always set for one)
         try:
             if item.settle_failures >= SETTLE_ATTEMPTS_MAX:
                 report.abandoned += _abandon(services, item)
@@ -60,15 +61,15 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
                 if store.start_run(item.key, epoch=claim, deadline=now + grace) is not None:
                     hand_back(services, item.key, item.delivery, "never started before its deadline", epoch=claim)
                     report.handed_back += 1
-            elif status.endswith("RUNNING") and str(item.epoch or "").startswith(HANDBACK_PREFIX):
+            elif status.endswith("RUNNING") and running is not None and running.startswith(HANDBACK_PREFIX):
                 # A hand-back whose call failed: the handler never ran, so hand back again.
                 claim = handback_epoch()
-                if store.take_over(item.key, old_epoch=item.epoch, new_epoch=claim, deadline=now + grace):
+                if store.take_over(item.key, old_epoch=running, new_epoch=claim, deadline=now + grace):
                     hand_back(services, item.key, item.delivery, "earlier hand-back did not complete",
                               epoch=claim)
                     report.handed_back += 1
-            elif status.endswith("RUNNING"):
-                if store.take_over(item.key, old_epoch=item.epoch, new_epoch=epoch, deadline=now + grace):
+            elif status.endswith("RUNNING") and running is not None:
+                if store.take_over(item.key, old_epoch=running, new_epoch=epoch, deadline=now + grace):
                     outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="EXECUTOR_LOST",
                                       message="the executor stopped before storing an outcome")
                     store.store_outcome(item.key, epoch, outcome)

@@ -27,6 +27,7 @@ from ..errors import (
     ProtocolError,
     RateLimitedError,
     ServerUnavailableError,
+    UnknownHandlerError,
 )
 from ..protocols.base import Delivery, PullRequest, WorkerStatus
 from .context import LambdaContextLike
@@ -96,6 +97,8 @@ class Scheduler:
         self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
         self.room_wait_max = ROOM_WAIT_MAX_SECONDS  # the longest wait for a batch's worth of room
         self._unavailable = 0  # pulls failing in a row with the server unavailable (across ticks)
+        # The stored counters as the last forced heartbeat read them, repeated in the beats between.
+        self._counted: dict[str, int] = {}
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -268,9 +271,9 @@ class Scheduler:
         services.counters.flush_if_due()
         if force:
             self._counted = services.counters.read()
-        counters = getattr(self, "_counted", {})
-        status = WorkerStatus(state=state, processed=int(counters.get("processed", 0)),
-                              failed=int(counters.get("failed", 0)),
+        counters = self._counted
+        status = WorkerStatus(state=state, processed=counters.get("processed", 0),
+                              failed=counters.get("failed", 0),
                               in_flight=0, uptime_seconds=time.time() - self._started)
         try:
             services.call(lambda p: p.heartbeat(status))
@@ -392,9 +395,9 @@ class Scheduler:
             return "duplicate"
         try:
             if long_running:
-                services.dispatcher.start_execution(key)  # type: ignore[union-attr]
+                services.dispatch.start_execution(key)
             else:
-                services.dispatcher.invoke_executor(key)  # type: ignore[union-attr]
+                services.dispatch.invoke_executor(key)
         except DispatchError as err:
             log.warning("dispatch failed for %s: %s", delivery.job_id, err)
             try:
@@ -414,14 +417,14 @@ class Scheduler:
             return dict(configured)
         try:
             declared = self.services.registry.get(handler).criteria
-        except Exception:
+        except UnknownHandlerError:  # the executor reports it as a failure
             return None
         return dict(declared) if declared else None
 
     def _long_running(self, handler: str) -> bool:
         try:
             return bool(self.services.registry.get(handler).long_running)
-        except Exception:  # unknown handler: the executor reports it as a failure
+        except UnknownHandlerError:  # the executor reports it as a failure
             return False
 
     def wake(self) -> None:

@@ -12,15 +12,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 
 from ..errors import InvalidApiKeyError, SessionExpiredError
 from ..protocols.base import WorkerIdentity, WorkerProtocol
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, DispatchError
 from .events import EventBuffer
 from .session import SessionKeeper
+
+if TYPE_CHECKING:  # types only: the runtime must not pay for these imports before it needs them
+    from ..registry import HandlerRegistry
+    from ..settings import Settings
+    from ..state.store import StateStore
+    from .counters import CounterBuffer
 
 __all__ = ["Services"]
 
@@ -32,9 +38,9 @@ T = TypeVar("T")
 class Services:
     """The runtime's dependencies. ``protocol`` is built on first use with the credential."""
 
-    settings: Any                      # serverless_worker.settings.Settings
-    store: Any                         # serverless_worker.state.StateStore
-    registry: Any                      # serverless_worker.registry.HandlerRegistry
+    settings: Settings
+    store: StateStore
+    registry: HandlerRegistry
     dispatcher: Dispatcher | None = None
     credential_source: Callable[[bool], SecretStr] | None = None
     clock: Callable[[], float] = time.time
@@ -43,7 +49,7 @@ class Services:
     _protocol: WorkerProtocol | None = field(default=None, init=False, repr=False)
     _credential: SecretStr | None = field(default=None, init=False, repr=False)
     _keeper: SessionKeeper | None = field(default=None, init=False, repr=False)
-    _counters: Any = field(default=None, init=False, repr=False)
+    _counters: CounterBuffer | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     # -- identity ------------------------------------------------------------
@@ -99,16 +105,23 @@ class Services:
             return self._keeper
 
     @property
-    def counters(self) -> Any:
+    def dispatch(self) -> Dispatcher:
+        """The dispatcher; a DispatchError (handled as a failed dispatch) when none is configured."""
+        if self.dispatcher is None:
+            raise DispatchError("no dispatcher configured")
+        return self.dispatcher
+
+    @property
+    def counters(self) -> CounterBuffer:
         """This container's counter buffer (``runtime.counters.CounterBuffer``): counts are
         written in batches, at most every ``counters_flush_seconds``, not once per job."""
         with self._lock:
             if self._counters is None:
-                from .counters import DEFAULT_FLUSH_SECONDS, CounterBuffer
+                from .counters import CounterBuffer
 
-                every = getattr(self.settings, "counters_flush_seconds", DEFAULT_FLUSH_SECONDS)
                 self._counters = CounterBuffer(self.store, self.protocol_name, self.instance,
-                                               flush_seconds=every, clock=self.clock)
+                                               flush_seconds=self.settings.counters_flush_seconds,
+                                               clock=self.clock)
             return self._counters
 
     def ensure_session(self) -> None:

@@ -44,9 +44,10 @@ from ..errors import (
 )
 from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Lease
-from ..state.errors import StaleWriteError
+from ..state.errors import StaleWriteError, StateStoreError
 from ..state.items import LedgerItem, LedgerStatus
 from .context import LambdaContextLike
+from .dispatch import DispatchError
 from .executor import settle_refusal
 from .lease import time_budget
 from .progress import progress_reporter
@@ -275,21 +276,19 @@ def start_callback(services: Services, event: dict[str, Any], context: LambdaCon
     store = services.store
     item = store.get(key)
     if not _owned(item, epoch) or item is None or item.cancel_reason:
-        _sfn(services).send_task_failure(taskToken=token, error="NotOwner",
-                                         cause="the run no longer owns the delivery")
+        _fail_task(services, token, error="NotOwner", cause="the run no longer owns the delivery")
         return {"started": False}
     try:
         store.save_callback_token(key, epoch, token)
     except StaleWriteError:
-        _sfn(services).send_task_failure(taskToken=token, error="NotOwner",
-                                         cause="the run no longer owns the delivery")
+        _fail_task(services, token, error="NotOwner", cause="the run no longer owns the delivery")
         return {"started": False}
     try:
         spec = services.registry.get(item.delivery.handler)
     except UnknownHandlerError as err:
         _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER",
                                              message=str(err)))
-        _sfn(services).send_task_failure(taskToken=token, error="UnknownHandler", cause="see the ledger item")
+        _fail_task(services, token, error="UnknownHandler", cause="see the ledger item")
         return {"started": False}
     budget = max(1.0, _remaining(context) - services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
@@ -299,8 +298,8 @@ def start_callback(services: Services, event: dict[str, Any], context: LambdaCon
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                                      message="a callback handler cannot return Continue")
         _store(services, key, epoch, outcome)
-        _sfn(services).send_task_failure(taskToken=token, error="HandlerFailed",
-                                         cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
+        _fail_task(services, token, error="HandlerFailed",
+                   cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
     return {"started": True}
 
 
@@ -367,12 +366,14 @@ def _renewal_refused(services: Services, item: LedgerItem, epoch: str,
         reason = f"lease refused: {refusal.reason}"
         services.store.set_stopped(services.protocol_name, services.instance, reason)
     if item.callback_token:
-        # Nothing will come of the callback for us any more: end the wait now.
+        # Nothing will come of the callback for us any more: end the wait now. Best effort: a
+        # wait not ended here ends at its heartbeat timeout (the renew loop has stopped), and
+        # finish_callback then finds the cancel request.
         try:
-            _sfn(services).send_task_failure(taskToken=item.callback_token, error="LeaseLost",
-                                             cause=f"renewal refused: {refusal.reason}")
-        except Exception as err:  # the task may have finished meanwhile
-            log.info("callback not failed after a refused renewal: %s", type(err).__name__)
+            _fail_task(services, item.callback_token, error="LeaseLost",
+                       cause=f"renewal refused: {refusal.reason}")
+        except DispatchError as err:
+            log.warning("callback not failed after a refused renewal: %s", err)
     return {"finished": True, "refused": True}
 
 
@@ -435,7 +436,7 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
         if store.start_run(key, epoch=claim, deadline=now + 60) is not None:
             hand_back(services, key, item.delivery, f"state machine failed: {name}", epoch=claim)
             return {"action": "handed_back"}
-    elif item.status is LedgerStatus.RUNNING:
+    elif item.status is LedgerStatus.RUNNING and item.epoch is not None:
         # Ours, or our successor's when the handover failed before its execution started.
         if epoch is not None and item.epoch not in (epoch, _successor(epoch)):
             return {"action": "none", "reason": "not owned"}
@@ -488,7 +489,7 @@ def continue_as_new(services: Services, event: dict[str, Any], context: LambdaCo
                                deadline=services.clock() + _grace(services)):
             return {"handed_over": False}
     # Named after (ledger key, successor epoch): a retried step starts it at most once.
-    services.dispatcher.start_execution(key, handover_epoch=successor)  # type: ignore[union-attr]
+    services.dispatch.start_execution(key, handover_epoch=successor)
     return {"handed_over": True}
 
 
@@ -514,20 +515,20 @@ def run_step(services: Services, event: dict[str, Any], context: LambdaContextLi
         return STEPS[step](services, event, context)
 
 
-def _sfn(services: Services) -> Any:
-    client = getattr(services.dispatcher, "sfn_client", None)
-    if client is None:
-        import boto3
-
-        client = boto3.client("stepfunctions")
-    return client
+def _fail_task(services: Services, token: str, *, error: str, cause: str) -> None:
+    """End the callback task now; a task that already ended needs nothing more."""
+    if not services.dispatch.fail_task(token, error=error, cause=cause):
+        log.info("callback task already ended; not failed (%s)", error)
 
 
 def _callback_heartbeat(services: Services, token: str) -> None:
+    """Best effort: a missed heartbeat is covered by the next cycle's (the task's heartbeat
+    timeout spans several renew intervals), so a failed one must not fail the renew step."""
     try:
-        _sfn(services).send_task_heartbeat(taskToken=token)
-    except Exception as err:  # the task may have finished or timed out meanwhile
-        log.info("callback heartbeat not sent: %s", type(err).__name__)
+        if not services.dispatch.heartbeat_task(token):
+            log.info("callback heartbeat not sent: the task already ended")
+    except DispatchError as err:
+        log.warning("callback heartbeat failed; the next cycle sends another: %s", err)
 
 
 class _CancelWatcher:
@@ -545,7 +546,8 @@ class _CancelWatcher:
         while not self._stop.wait(self._every):
             try:
                 item = self._services.store.get(self._key)
-            except Exception:
+            except StateStoreError as err:  # DynamoDB unavailable a moment: look again next turn
+                log.warning("cancel watcher could not read the ledger: %s", err)
                 continue
             if not _owned(item, self._epoch) or (item is not None and item.cancel_reason):
                 self._cancel.set()
