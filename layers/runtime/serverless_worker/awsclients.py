@@ -30,6 +30,7 @@ from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     import boto3
+    import botocore.config
     import botocore.session
 
 __all__ = ["LambdaClient", "LazyClient", "StepFunctionsClient", "aws_setup_error", "build_all_clients",
@@ -124,7 +125,7 @@ class LazyClient:
     >>> # dynamodb.get_item(...)           # builds the client, then calls it
     """
 
-    def __init__(self, service: str, *, config: Any = None) -> None:
+    def __init__(self, service: str, *, config: botocore.config.Config | None = None) -> None:
         self._service = service
         self._config = config
         self._client: Any = None

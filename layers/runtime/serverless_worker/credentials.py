@@ -14,7 +14,9 @@ field, the shape the Secrets Manager console produces for key/value secrets.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
@@ -48,7 +50,8 @@ def resolve_api_key(settings: Settings, *, refresh: bool = False) -> SecretStr:
     return SecretStr(_extract(raw, source))
 
 
-def _read(source: str, kind: str, fetch: Any) -> Any:
+def _read(source: str, kind: str, fetch: Callable[[ModuleType], object]) -> object:
+    """``fetch(parameters)`` (the Powertools Parameters module), its errors as ConfigurationError."""
     from aws_lambda_powertools.utilities import parameters
 
     from . import logsafety  # noqa: F401  (botocore must not log the secret's value)
@@ -62,7 +65,7 @@ def _read(source: str, kind: str, fetch: Any) -> Any:
             from err
 
 
-def _share_session(parameters: Any, kind: str) -> None:
+def _share_session(parameters: ModuleType, kind: str) -> None:
     """Register Powertools' default ``kind`` provider ("secrets" or "ssm") on the shared
     session, unless one exists. ``parameters.clear_caches()`` still drops it, as it would
     drop the provider Powertools builds."""
@@ -75,7 +78,7 @@ def _share_session(parameters: Any, kind: str) -> None:
         DEFAULT_PROVIDERS[kind] = provider(boto3_session=shared_session())
 
 
-def _extract(raw: Any, source: str) -> str:
+def _extract(raw: object, source: str) -> str:
     if isinstance(raw, bytes | bytearray):
         try:
             raw = bytes(raw).decode("utf-8")

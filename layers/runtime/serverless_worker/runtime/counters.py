@@ -17,9 +17,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ..state.errors import StateStoreError
 from ..state.store import check_counter_deltas
+
+if TYPE_CHECKING:
+    from ..state.store import StateStore
 
 __all__ = ["DEFAULT_FLUSH_SECONDS", "CounterBuffer"]
 
@@ -35,7 +39,7 @@ class CounterBuffer:
     this process (written or not); ``read()`` is the stored counters plus what is pending.
     """
 
-    def __init__(self, store: Any, protocol: str, instance: str, *,
+    def __init__(self, store: StateStore, protocol: str, instance: str, *,
                  flush_seconds: float = DEFAULT_FLUSH_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._protocol = protocol
@@ -80,7 +84,7 @@ class CounterBuffer:
             try:
                 self._store.add_counters(self._protocol, self._instance, **batch)
                 return True
-            except Exception:
+            except StateStoreError:
                 log.warning("counters not written; kept for the next flush", exc_info=True)
                 with self._lock:
                     self._pending.update(batch)

@@ -22,6 +22,8 @@ from ..errors import ConfigurationError, ServerlessWorkerError
 from .context import LambdaContextLike
 
 if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .scheduler import Scheduler
     from .services import Services
 
 __all__ = ["aws_setup_error", "drain_worker", "execute_delivery", "reset_services", "scheduler_tick",
@@ -71,7 +73,7 @@ def _package_log_level(level: str) -> None:
 
 
 @functools.cache
-def _scheduler() -> Any:
+def _scheduler() -> Scheduler:
     from .scheduler import Scheduler
 
     return Scheduler(services_from_environment())
@@ -83,7 +85,7 @@ def reset_services() -> None:
     _scheduler.cache_clear()
 
 
-def _metrics() -> Any:
+def _metrics() -> Metrics:
     from .metrics import metrics
 
     return metrics

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import threading
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # Powertools is imported only in Lambda, at the first flush
+    from aws_lambda_powertools import Metrics as EmfMetrics
 
 __all__ = ["Metrics", "metrics"]
 
@@ -18,7 +21,7 @@ class Metrics:
         self.totals: defaultdict[str, float] = defaultdict(float)
         self._pending: defaultdict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
-        self._emf: Any = None
+        self._emf: EmfMetrics | None = None
 
     def add(self, name: str, value: float = 1) -> None:
         if not value:
@@ -37,9 +40,10 @@ class Metrics:
 
         if self._emf is None:
             self._emf = EmfMetrics()
+        emf = self._emf
         for name, value in pending.items():
-            self._emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
-        self._emf.flush_metrics()
+            emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        emf.flush_metrics()
 
 
 metrics = Metrics()

@@ -13,9 +13,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import ServerlessWorkerError
 from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
+
+if TYPE_CHECKING:
+    from ..state.store import StateStore
 
 __all__ = ["SessionKeeper", "SessionUnavailableError"]
 
@@ -33,7 +37,7 @@ class SessionKeeper:
     ever races the expiry.
     """
 
-    def __init__(self, *, store, protocol_name: str, instance: str, identity: WorkerIdentity,
+    def __init__(self, *, store: StateStore, protocol_name: str, instance: str, identity: WorkerIdentity,
                  refresh_margin: float, lock_ttl: float = 30.0, wait_for_peer: float = 10.0,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store

@@ -55,7 +55,7 @@ class Settlement:
 
 def retry_delay(failures: int) -> float:
     """How long after its ``failures``-th failure in a row a settling call is tried again."""
-    return min(SETTLE_RETRY_MAX_SECONDS, SETTLE_RETRY_BASE_SECONDS * 2 ** max(0, failures - 1))
+    return min(SETTLE_RETRY_MAX_SECONDS, SETTLE_RETRY_BASE_SECONDS * 2.0 ** max(0, failures - 1))
 
 
 def note_failure(services: Services, key: str, err: Exception) -> int:
