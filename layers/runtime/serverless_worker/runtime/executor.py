@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseRefusedError, ProtocolError, UnknownHandlerError
 from ..outcome import Outcome, OutcomeKind
@@ -30,6 +31,9 @@ from .lease import LeaseKeeper, time_budget
 from .progress import progress_reporter
 from .services import Services
 from .settle import Settlement, acknowledge, discard, hand_back, settle
+
+if TYPE_CHECKING:
+    from ..registry import HandlerSpec
 
 __all__ = ["execute", "resume", "run_claimed", "settle_refusal", "store_outcome"]
 
@@ -88,7 +92,7 @@ def resume(services: Services, ledger_key: str) -> dict[str, Any]:
 
 
 def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoch: str,
-                remaining: Any, lambda_limit: float | None = None) -> Settlement:
+                remaining: Callable[[], float], lambda_limit: float | None = None) -> Settlement:
     """Lease, run, store, settle a delivery this invocation owns (status RUNNING, our epoch)."""
     try:
         lease = services.call(lambda p: p.acquire(delivery))
@@ -145,7 +149,7 @@ def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outc
         return fallback
 
 
-def _run(services: Services, delivery: Delivery, spec: Any, lease: Lease, budget: float) -> Outcome:
+def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease, budget: float) -> Outcome:
     from ..handler_runner import run_handler
 
     cancel = threading.Event()

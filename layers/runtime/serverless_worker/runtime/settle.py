@@ -10,8 +10,8 @@ OUTCOME_STORED for the next attempt.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError, ServerlessWorkerError
 from ..outcome import Outcome, OutcomeKind
@@ -132,7 +132,8 @@ def acknowledge(services: Services, key: str, delivery: Delivery, *,
     _noting(services, key, _acknowledge, services, key, delivery, receipt=receipt)
 
 
-def _noting(services: Services, key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _noting[**P, R](services: Services, key: str, fn: Callable[P, R], *args: P.args,
+                    **kwargs: P.kwargs) -> R:
     """Run a settling step; a failure (not a lost fence) is noted on the item, then raised."""
     try:
         return fn(*args, **kwargs)
@@ -208,7 +209,7 @@ def _discard(services: Services, key: str, delivery: Delivery, reason: str) -> S
     return Settlement("discarded", detail=reason)
 
 
-def count_settled(services: Services, outcome: Outcome | None, **extra: Any) -> None:
+def count_settled(services: Services, outcome: Outcome | None, **extra: int) -> None:
     """Count the settled job in this container's buffer: no DynamoDB write per job (the
     buffer writes a batch at most every ``counters_flush_seconds``)."""
     deltas = dict(extra)
