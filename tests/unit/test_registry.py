@@ -609,10 +609,29 @@ def test_to_jsonable_normalizes_like_pydantic_and_names_what_it_cannot() -> None
         to_jsonable(math.nan)
 
 
-def test_the_package_exports_the_handler_api() -> None:
+def test_the_package_exports_exactly_the_handler_authors_api() -> None:
+    assert sorted(serverless_worker.__all__) == ["BusinessError", "CancelReason", "Continue", "Job",
+                                                 "JobCancelledError", "Result", "handler"]
     assert serverless_worker.handler is handler
     assert serverless_worker.BusinessError is BusinessError
     for name in serverless_worker.__all__:
         assert getattr(serverless_worker, name) is not None
     with pytest.raises(AttributeError):
         serverless_worker.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["HandlerSpec", "HandlerRegistry", "default_registry", "load_handlers"])
+def test_registry_internals_are_imported_from_their_module_not_the_package(name: str) -> None:
+    import serverless_worker.registry
+
+    assert getattr(serverless_worker.registry, name) is not None
+    with pytest.raises(AttributeError):
+        getattr(serverless_worker, name)
+
+
+def test_runtime_only_job_members_are_not_public() -> None:
+    job = Job(None)
+    assert not hasattr(job, "cancel")
+    for removed in ("clock", "progress_reporter"):
+        with pytest.raises(TypeError):
+            Job(None, **{removed: None})
