@@ -48,7 +48,9 @@ __all__ = [
     "decode_payload",
     "describe_validation_error",
     "finished_result",
+    "handler_budget",
     "run_handler",
+    "start_or_refuse",
 ]
 
 log = logging.getLogger("serverless_worker.handler_runner")
@@ -183,25 +185,11 @@ def run_handler(
              logs: tuple[ResultLog, ...] = (), abandoned: bool = False) -> RunResult:
         return RunResult(outcome, continuation, started, clock.monotonic() - started_at, logs, abandoned)
 
-    try:
-        value = decode_payload(spec, delivery)
-    except BadInputError as err:
-        log.warning("bad input for handler %s: %s", spec.name, err, extra=_context(spec, delivery))
-        return done(Outcome(kind=OutcomeKind.BAD_INPUT, error_code="VALIDATION_ERROR", message=str(err)),
-                    started=False)
-    except Exception as err:  # an input model's own validator crashed: the model's bug
-        log.error("input model of handler %s crashed", spec.name, exc_info=err,
-                  extra=_context(spec, delivery))
-        return done(_failure(err, "input model raised "), started=False)
-
-    budget = budget_seconds if spec.timeout is None else min(budget_seconds, spec.timeout)
-    if cancel_event is not None and cancel_event.is_set():
-        early = _reason_of(cancel_event)
-        return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code=early.upper(),
-                            message=f"cancelled ({early}) before the handler started"), started=False)
-    if not budget > 0:  # also NaN
-        return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_TIME",
-                            message="no time budget left to start the handler"), started=False)
+    budget = handler_budget(spec, budget_seconds)
+    early = _reason_of(cancel_event) if cancel_event is not None and cancel_event.is_set() else None
+    value, refusal = start_or_refuse(spec, delivery, budget, early)
+    if refusal is not None:
+        return done(refusal, started=False)
 
     job: Job[Any] = runtime_job(
         value, raw_payload=delivery.payload, attempt=delivery.attempt, retries_left=delivery.retries_left,
@@ -230,6 +218,33 @@ def run_handler(
     if box.fatal is not None:
         raise box.fatal
     return finished_result(spec, job, box.value, box.error, done, clock.time())
+
+
+def handler_budget(spec: HandlerSpec, budget_seconds: float) -> float:
+    """The seconds a run gets: the runtime's budget, capped by the handler's own ``timeout``."""
+    return budget_seconds if spec.timeout is None else min(budget_seconds, spec.timeout)
+
+
+def start_or_refuse(spec: HandlerSpec, delivery: Delivery, budget: float,
+                    early: CancelReason | None) -> tuple[Any, Outcome | None]:
+    """``(job.input, None)`` when the handler may start, else ``(None, the outcome)``: bad input,
+    a crashing input model, a cancellation that came first (``early``) or no budget left."""
+    try:
+        value = decode_payload(spec, delivery)
+    except BadInputError as err:
+        log.warning("bad input for handler %s: %s", spec.name, err, extra=_context(spec, delivery))
+        return None, Outcome(kind=OutcomeKind.BAD_INPUT, error_code="VALIDATION_ERROR", message=str(err))
+    except Exception as err:  # an input model's own validator crashed: the model's bug
+        log.error("input model of handler %s crashed", spec.name, exc_info=err,
+                  extra=_context(spec, delivery))
+        return None, _failure(err, "input model raised ")
+    if early is not None:
+        return None, Outcome(kind=OutcomeKind.NOT_STARTED, error_code=early.upper(),
+                             message=f"cancelled ({early}) before the handler started")
+    if not budget > 0:  # also NaN
+        return None, Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_TIME",
+                             message="no time budget left to start the handler")
+    return value, None
 
 
 def finished_result(spec: HandlerSpec, job: Job[Any], value: Any, error: BaseException | None,
