@@ -150,7 +150,7 @@ def _input_model(where: str, fn: Callable[..., Any], declared: type[BaseModel] |
     return declared
 
 
-def _annotated_input(where: str, fn: Callable[..., Any]) -> Any:
+def _annotated_input(where: str, fn: Callable[..., Any]) -> object:
     """The ``X`` of the job parameter's ``Job[X]`` annotation, or None when it says nothing."""
     try:
         parameters = list(inspect.signature(fn).parameters)
