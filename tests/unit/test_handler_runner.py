@@ -505,3 +505,39 @@ def test_a_handler_raising_job_cancelled_itself_maps_to_that_reason() -> None:
 
     outcome = run(fn).outcome
     assert outcome is not None and outcome.kind is OutcomeKind.NOT_STARTED
+
+
+# -- the watcher's own failures --------------------------------------------------------
+
+class FailingClock:
+    """Real time until ``fail_with`` is set; then ``monotonic()`` raises it."""
+
+    def __init__(self) -> None:
+        self.fail_with: BaseException | None = None
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        if self.fail_with is not None:
+            raise self.fail_with
+        return time.monotonic()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("clock broke"), KeyboardInterrupt()])
+def test_a_failing_watcher_is_not_swallowed_and_the_handler_is_told_to_stop(error: BaseException) -> None:
+    clock = FailingClock()
+    stopped = threading.Event()
+    seen: list[Any] = []
+
+    def fn(job: Job[Any]) -> None:
+        clock.fail_with = error
+        seen.append(job.wait(5))
+        seen.append(job.cancel_reason)
+        stopped.set()
+
+    with pytest.raises(type(error)):
+        run(fn, budget=30, cancel_event=CancelSignal(), clock=clock)
+
+    assert stopped.wait(2)
+    assert seen == [True, "shutdown"]

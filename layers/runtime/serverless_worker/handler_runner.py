@@ -10,8 +10,9 @@ Lambda a frozen sandbox is thawed for the next invocation and the thread would r
 there, so ``RunResult.abandoned`` tells the runtime to end the sandbox (exit the
 process) once the outcome is stored and reported.
 
-Only ``BaseException`` (KeyboardInterrupt, SystemExit) escapes :func:`run_handler`;
-every other failure, in the handler or in mapping its result, becomes an Outcome.
+Only ``BaseException`` (KeyboardInterrupt, SystemExit) and a failure of the watcher
+itself (its clock, its cancel signal) escape :func:`run_handler`, the handler cancelled
+first; every failure in the handler or in mapping its result becomes an Outcome.
 """
 
 from __future__ import annotations
@@ -205,11 +206,14 @@ def run_handler(
         log.error("could not start a thread for handler %s", spec.name, exc_info=err, extra=job.log_context)
         return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_THREAD",
                             message=f"could not start the handler thread: {err}"), started=False)
+    reason: CancelReason | None = None
     try:
         reason = _watch(box.done, budget, cancel_event, clock)
-    except (KeyboardInterrupt, SystemExit):
-        cancel_job(job, CancelReason.SHUTDOWN)  # Ctrl-C or exit while waiting: tell the handler too
-        raise
+    finally:
+        if reason is None and not box.done.is_set():
+            # The watcher itself was stopped (Ctrl-C, exit) or failed: nothing supervises the
+            # handler any more, so tell it to stop too. The error itself goes on up.
+            cancel_job(job, CancelReason.SHUTDOWN)
     if reason is not None:
         cancel_job(job, reason)
         stopped = box.done.wait(max(0.0, grace_seconds))
