@@ -34,7 +34,7 @@ class Payment(BaseModel):
     cardNumber: str = "4242424242424242"
 
 
-@handler("payment-processor", input=Payment, timeout=30)
+@handler("payment-processor", timeout=30)
 def charge(job: Job[Payment]) -> dict[str, Any]:
     """Charge a card. A declined card is a business outcome, not a failure: it is reported
     as such (Priostack completes with the variables, so the process can branch on them)."""
@@ -50,7 +50,7 @@ class Nap(BaseModel):
     seconds: float = Field(default=1.0, ge=0, le=600)
 
 
-@handler("sleepy", input=Nap)
+@handler("sleepy")
 def sleepy(job: Job[Nap]) -> dict[str, Any]:
     """Wait in one-second steps, reporting progress; ``job.wait`` wakes at once on cancellation."""
     total, slept = job.input.seconds, 0.0
@@ -67,7 +67,7 @@ class Report(BaseModel):
     pages: int = Field(default=3, ge=1, le=1000)
 
 
-@handler("slow-report", input=Report, long_running=True)
+@handler("slow-report", mode="slices")
 def slow_report(job: Job[Report]) -> Any:
     """Render one page per slice and carry the running totals in the checkpoint.
 

@@ -36,7 +36,7 @@ def runs_of(name: str) -> list[dict[str, Any]]:
         return [dict(r) for r in RUNS if r["handler"] == name]
 
 
-@handler("long-steady", long_running=True)
+@handler("long-steady", mode="slices")
 def steady(job: Job[Any]) -> Any:
     """Work ``seconds`` (``retry_seconds`` on a later attempt) in small cooperative steps;
     stop at once when cancelled."""
@@ -53,7 +53,7 @@ def steady(job: Job[Any]) -> Any:
     return {"slept": seconds, "tag": job.input.get("tag")}
 
 
-@handler("long-pages", long_running=True)
+@handler("long-pages", mode="slices")
 def pages(job: Job[Any]) -> Any:
     """One page per slice: ``Continue`` with the pages so far until all are done.
 
@@ -79,7 +79,7 @@ def _client() -> Any:
         return _sfn[0]
 
 
-@handler("long-callback", callback=True, timeout=4)
+@handler("long-callback", mode="callback", timeout=4)
 def callback(job: Job[Any]) -> Any:
     """Start "external work" that answers through the task token after ``delay`` seconds:
     ``mode`` success (SendTaskSuccess), failure (SendTaskFailure) or never (no answer)."""
@@ -103,7 +103,7 @@ def callback(job: Job[Any]) -> Any:
     return {"started": True}
 
 
-@handler("long-callback-patient", callback=True, timeout=60)
+@handler("long-callback-patient", mode="callback", timeout=60)
 def patient_callback(job: Job[Any]) -> Any:
     """Start external work that never answers; only the run's end (or 60 s) stops the wait."""
     _record(job)

@@ -62,7 +62,7 @@ class Report(BaseModel):
     pages: int = Field(default=2, ge=1, le=50)
 
 
-@handler("rel-slow-report", input=Report, long_running=True)
+@handler("rel-slow-report", input=Report, mode="slices")
 def slow_report(job: Job[Report]) -> Any:
     """One page per slice, so the job runs through the state machine's loop."""
     _count("rel-slow-report")
@@ -121,7 +121,7 @@ def fault_deaf(job: Job[Any]) -> dict[str, Any]:
     return {"late": True}
 
 
-@handler("rel-fault-long", long_running=True)
+@handler("rel-fault-long", mode="slices")
 def fault_long(job: Job[Any]) -> dict[str, Any]:
     """Works ``seconds`` (``retry_seconds`` from the second attempt on) on the state machine
     path in small cooperative steps, so a lost lease or the budget stops it at once."""

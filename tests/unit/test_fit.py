@@ -12,14 +12,14 @@ from rich.console import Console
 from serverless_worker.local.summary import RunSummary
 from serverless_worker.local.worker import EXIT_INCOMPLETE, LocalRunner
 from serverless_worker.protocols.base import Delivery, Lease
-from serverless_worker.registry import HandlerSpec
+from serverless_worker.registry import HandlerMode, HandlerSpec
 from serverless_worker.runtime.fit import never_fits
 
 NOW = 1_000_000.0
 
 
-def _spec(timeout: float | None, *, long_running: bool = False) -> HandlerSpec:
-    return HandlerSpec(name="resize", fn=lambda job: None, timeout=timeout, long_running=long_running)
+def _spec(timeout: float | None, *, mode: HandlerMode = "short") -> HandlerSpec:
+    return HandlerSpec(name="resize", fn=lambda job: None, timeout=timeout, mode=mode)
 
 
 def _delivery(**fields: Any) -> Delivery:
@@ -39,7 +39,7 @@ def test_a_timeout_longer_than_an_unrenewable_lease_never_fits() -> None:
 def test_a_timeout_past_the_lambda_timeout_never_fits_on_the_short_path_only() -> None:
     why = never_fits(_spec(895), _delivery(), None, lambda_limit=900, report_margin=10)
     assert why is not None and "Lambda timeout of 900s" in why and "890s" in why, why
-    assert never_fits(_spec(895, long_running=True), _delivery(), None, lambda_limit=900, report_margin=10) is None
+    assert never_fits(_spec(895, mode="slices"), _delivery(), None, lambda_limit=900, report_margin=10) is None
     assert never_fits(_spec(None), _delivery(), None, lambda_limit=5, report_margin=10) is None
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from serverless_worker import BusinessError, Continue, Job, Result
 from serverless_worker.handler_runner import MAX_MESSAGE_BYTES, CancelSignal, RunResult, run_handler
+from serverless_worker.job import cancel_job
 from serverless_worker.outcome import OutcomeKind
 from serverless_worker.protocols.base import Delivery
 from serverless_worker.registry import HandlerSpec
@@ -166,7 +167,7 @@ def test_the_job_carries_ids_budget_checkpoint_token_and_progress() -> None:
     assert (job.attempt, job.retries_left) == (2, 3)
     assert (job.checkpoint, job.callback_token) == ({"page": 3}, "task-token")
     assert before + 30 <= (job.deadline or 0) <= time.time() + 30
-    job.cancel("shutdown")  # the run is over; cancelling now only stops further progress
+    cancel_job(job, "shutdown")  # the run is over; cancelling now only stops further progress
     assert job.progress({"percent": 1}) is False
     assert seen == []
 
@@ -250,7 +251,7 @@ def test_continue_from_a_long_running_handler_is_a_continuation() -> None:
         return Continue({"page": (job.checkpoint or {"page": 0})["page"] + 1,
                          "at": datetime(2025, 1, 1, tzinfo=UTC)}, delay_seconds=5)
 
-    result = run(fn, checkpoint={"page": 1}, spec_options={"long_running": True})
+    result = run(fn, checkpoint={"page": 1}, spec_options={"mode": "slices"})
 
     assert result.outcome is None
     assert result.continuation == Continue({"page": 2, "at": "2025-01-01T00:00:00Z"}, delay_seconds=5)
@@ -265,11 +266,12 @@ def test_continue_from_a_short_handler_is_a_failure_that_says_why() -> None:
     outcome = result.outcome
     assert outcome is not None and outcome.kind is OutcomeKind.FAILURE
     assert outcome.error_code == "INVALID_RESULT"
-    assert "not declared long_running=True" in (outcome.message or "")
+    assert "declared mode='short'" in (outcome.message or "")
+    assert 'mode="slices"' in (outcome.message or "")
 
 
 def test_continue_with_a_checkpoint_that_cannot_be_stored_is_a_failure() -> None:
-    outcome = run(lambda job: Continue(object()), spec_options={"long_running": True}).outcome
+    outcome = run(lambda job: Continue(object()), spec_options={"mode": "slices"}).outcome
 
     assert outcome is not None and outcome.kind is OutcomeKind.FAILURE
     assert "checkpoint that is not JSON-serializable: object" in (outcome.message or "")
@@ -498,8 +500,44 @@ def test_a_cancel_signal_set_before_the_start_means_not_started() -> None:
 
 def test_a_handler_raising_job_cancelled_itself_maps_to_that_reason() -> None:
     def fn(job: Job[Any]) -> None:
-        job.cancel("shutdown")
+        cancel_job(job, "shutdown")
         job.raise_if_cancelled()
 
     outcome = run(fn).outcome
     assert outcome is not None and outcome.kind is OutcomeKind.NOT_STARTED
+
+
+# -- the watcher's own failures --------------------------------------------------------
+
+class FailingClock:
+    """Real time until ``fail_with`` is set; then ``monotonic()`` raises it."""
+
+    def __init__(self) -> None:
+        self.fail_with: BaseException | None = None
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        if self.fail_with is not None:
+            raise self.fail_with
+        return time.monotonic()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("clock broke"), KeyboardInterrupt()])
+def test_a_failing_watcher_is_not_swallowed_and_the_handler_is_told_to_stop(error: BaseException) -> None:
+    clock = FailingClock()
+    stopped = threading.Event()
+    seen: list[Any] = []
+
+    def fn(job: Job[Any]) -> None:
+        clock.fail_with = error
+        seen.append(job.wait(5))
+        seen.append(job.cancel_reason)
+        stopped.set()
+
+    with pytest.raises(type(error)):
+        run(fn, budget=30, cancel_event=CancelSignal(), clock=clock)
+
+    assert stopped.wait(2)
+    assert seen == [True, "shutdown"]

@@ -24,7 +24,7 @@ from serverless_worker.errors import (
     ServerlessWorkerError,
     UnknownHandlerError,
 )
-from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason
+from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason, cancel_job, runtime_job
 from serverless_worker.outcome import AppendedStage, ContextUpdate, ResultLog
 from serverless_worker.registry import (
     HandlerRegistry,
@@ -68,14 +68,14 @@ def test_decorator_registers_a_spec_with_every_option_and_returns_the_function()
     def charge(job: Job[Order]) -> dict[str, Any]:
         return {"id": job.input.order_id}
 
-    decorated = handler("payment-processor", input=Order, timeout=30, long_running=True,
+    decorated = handler("payment-processor", input=Order, timeout=30, mode="slices",
                         criteria={"format": "jpg", "width": {"lte": 2000}})(charge)
 
     assert decorated is charge
     spec = get_handler("payment-processor")
     assert spec == HandlerSpec(name="payment-processor", fn=charge, input_model=Order, timeout=30.0,
-                               long_running=True, criteria={"format": "jpg", "width": {"lte": 2000}},
-                               callback=False)
+                               mode="slices", criteria={"format": "jpg", "width": {"lte": 2000}})
+    assert (spec.long_running, spec.callback) == (True, False)
     assert charge(Job(Order(order_id="o-1", amount=1))) == {"id": "o-1"}
 
 
@@ -85,19 +85,115 @@ def test_defaults_are_a_short_synchronous_handler_without_model() -> None:
         return job.input
 
     spec = default_registry.get("echo")
-    assert (spec.input_model, spec.timeout, spec.long_running, spec.criteria, spec.callback) == (
-        None, None, False, None, False)
+    assert (spec.input_model, spec.timeout, spec.mode, spec.long_running, spec.criteria, spec.callback) == (
+        None, None, "short", False, None, False)
     assert spec.is_async is False
 
 
-def test_callback_implies_long_running() -> None:
-    @handler("render", callback=True)
+def test_callback_mode_is_long_running() -> None:
+    @handler("render", mode="callback")
     def render(job: Job[Any]) -> None:
         return None
 
     spec = default_registry.get("render")
     assert spec.callback is True
     assert spec.long_running is True
+
+
+class Refund(BaseModel):
+    refund_id: str
+
+
+def test_the_input_model_comes_from_the_job_annotation() -> None:
+    # This module has `from __future__ import annotations`: the annotation is a string here.
+    @handler("annotated")
+    def charge(job: Job[Order]) -> str:
+        return job.input.order_id
+
+    assert default_registry.get("annotated").input_model is Order
+
+
+def test_input_and_an_agreeing_annotation_are_accepted() -> None:
+    @handler("both", input=Order)
+    def charge(job: Job[Order]) -> None:
+        return None
+
+    assert default_registry.get("both").input_model is Order
+
+
+@pytest.mark.parametrize("annotation", ["Job", "Job[dict]", "Job[dict[str, Any]]", "Job[Any]", None])
+def test_a_job_without_a_model_gets_the_raw_payload(annotation: str | None) -> None:
+    def fn(job):  # type: ignore[no-untyped-def]
+        return job.input
+
+    if annotation is not None:
+        fn.__annotations__ = {"job": annotation}
+    handler("raw")(fn)
+
+    assert default_registry.get("raw").input_model is None
+
+
+def test_input_that_disagrees_with_the_annotation_is_refused_naming_both_models() -> None:
+    def refund(job: Job[Refund]) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError) as caught:
+        handler("mismatch", input=Order)(refund)
+
+    message = str(caught.value)
+    assert "'mismatch'" in message
+    assert "input=Order" in message
+    assert "Job[Refund]" in message
+    assert "mismatch" not in default_registry
+
+
+def test_input_with_a_raw_annotation_is_a_mismatch_too() -> None:
+    def raw(job: Job[dict[str, Any]]) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"input=Order does not match the annotation Job\[dict"):
+        handler("raw-vs-model", input=Order)(raw)
+
+
+def test_an_unresolvable_annotation_is_a_clear_error_at_declaration() -> None:
+    class Local(BaseModel):  # defined in a function: a string annotation cannot see it
+        n: int
+
+    def fn(job: Job[Local]) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"'unresolvable': cannot resolve the annotations .*"
+                                                 r"NameError: name 'Local' is not defined"):
+        handler("unresolvable")(fn)
+
+
+def test_a_model_annotation_without_job_says_how_to_write_it() -> None:
+    def fn(job: Order) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"annotate the parameter as Job\[Order\]"):
+        handler("model-not-job")(fn)
+
+
+@pytest.mark.parametrize(("option", "replacement"), [("long_running", 'mode="slices"'),
+                                                     ("callback", 'mode="callback"')])
+def test_the_removed_options_raise_a_type_error_naming_mode(option: str, replacement: str) -> None:
+    options: dict[str, Any] = {option: True}
+    with pytest.raises(TypeError, match=re.escape(f"{option}= was removed; declare {replacement}")):
+        handler("old-style", **options)
+    with pytest.raises(TypeError, match="mode="):
+        HandlerRegistry().handler("old-style", **options)
+
+
+def test_an_unknown_option_is_a_plain_type_error() -> None:
+    options: dict[str, Any] = {"timout": 3}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'timout'"):
+        handler("typo", **options)
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="mode= must be one of 'short', 'slices', 'callback'"):
+        handler("bad-mode", mode="forever")(lambda job: None)  # type: ignore[arg-type]
 
 
 def test_async_handlers_are_recognized() -> None:
@@ -337,7 +433,7 @@ def test_the_example_handlers_load_and_declare_what_the_docs_say() -> None:
 
 def test_remaining_counts_down_to_zero_and_is_infinite_without_deadline() -> None:
     clock = FakeClock()
-    job = Job(None, deadline=clock.now + 10, clock=clock)
+    job = runtime_job(None, deadline=clock.now + 10, clock=clock)
 
     assert job.remaining() == 10
     clock.now += 4
@@ -358,7 +454,7 @@ def test_wait_wakes_early_on_cancellation() -> None:
     import threading
 
     job = Job(None)
-    threading.Timer(0.05, job.cancel, args=("lease_lost",)).start()
+    threading.Timer(0.05, cancel_job, args=(job, "lease_lost")).start()
     started = time.monotonic()
 
     assert job.wait(5) is True
@@ -371,8 +467,8 @@ def test_first_cancel_reason_wins_and_raise_if_cancelled_carries_it() -> None:
     job = Job(None)
     job.raise_if_cancelled()  # not cancelled: nothing happens
 
-    job.cancel(CancelReason.TIMEOUT)
-    job.cancel("shutdown")
+    cancel_job(job, CancelReason.TIMEOUT)
+    cancel_job(job, "shutdown")
 
     assert job.cancel_reason is CancelReason.TIMEOUT
     with pytest.raises(JobCancelledError) as caught:
@@ -382,12 +478,12 @@ def test_first_cancel_reason_wins_and_raise_if_cancelled_carries_it() -> None:
 
 def test_unknown_cancel_reasons_are_refused() -> None:
     with pytest.raises(ValueError):
-        Job(None).cancel("bored")
+        cancel_job(Job(None), "bored")
 
 
 def test_progress_calls_the_reporter_and_dumps_models() -> None:
     seen: list[Any] = []
-    job = Job(None, progress_reporter=seen.append)
+    job = runtime_job(None, reporter=seen.append)
 
     assert job.progress({"percent": 40}) is True
     assert job.progress(Order(order_id="o", amount=2)) is True
@@ -399,7 +495,7 @@ def test_progress_swallows_reporter_errors_and_logs_them(caplog: pytest.LogCaptu
     def broken(value: Any) -> None:
         raise ConnectionError("down")
 
-    job = Job(None, job_id="j-9", progress_reporter=broken)
+    job = runtime_job(None, job_id="j-9", reporter=broken)
     with caplog.at_level(logging.WARNING, logger="serverless_worker.job"):
         assert job.progress({"percent": 1}) is False
 
@@ -410,8 +506,8 @@ def test_progress_swallows_reporter_errors_and_logs_them(caplog: pytest.LogCaptu
 
 def test_progress_is_not_sent_once_cancelled_or_without_reporter() -> None:
     seen: list[Any] = []
-    job = Job(None, progress_reporter=seen.append)
-    job.cancel("lease_lost")
+    job = runtime_job(None, reporter=seen.append)
+    cancel_job(job, "lease_lost")
 
     assert job.progress({"percent": 50}) is False
     assert Job(None).progress({"percent": 50}) is False
@@ -420,8 +516,8 @@ def test_progress_is_not_sent_once_cancelled_or_without_reporter() -> None:
 
 def test_log_collects_result_lines_and_logs_with_correlation_keys(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock(datetime(2025, 1, 31, 12, 0, 0, 123000, tzinfo=UTC).timestamp())
-    job = Job(None, job_id="j-1", ledger_id="L-1", protocol="pipelogiq", handler="echo", attempt=2,
-              clock=clock)
+    job = runtime_job(None, job_id="j-1", ledger_id="L-1", protocol="pipelogiq", handler="echo", attempt=2,
+                      clock=clock)
 
     with caplog.at_level(logging.DEBUG, logger="serverless_worker.job"):
         job.log("started")
@@ -513,10 +609,29 @@ def test_to_jsonable_normalizes_like_pydantic_and_names_what_it_cannot() -> None
         to_jsonable(math.nan)
 
 
-def test_the_package_exports_the_handler_api() -> None:
+def test_the_package_exports_exactly_the_handler_authors_api() -> None:
+    assert sorted(serverless_worker.__all__) == ["BusinessError", "CancelReason", "Continue", "Job",
+                                                 "JobCancelledError", "Result", "handler"]
     assert serverless_worker.handler is handler
     assert serverless_worker.BusinessError is BusinessError
     for name in serverless_worker.__all__:
         assert getattr(serverless_worker, name) is not None
     with pytest.raises(AttributeError):
         serverless_worker.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["HandlerSpec", "HandlerRegistry", "default_registry", "load_handlers"])
+def test_registry_internals_are_imported_from_their_module_not_the_package(name: str) -> None:
+    import serverless_worker.registry
+
+    assert getattr(serverless_worker.registry, name) is not None
+    with pytest.raises(AttributeError):
+        getattr(serverless_worker, name)
+
+
+def test_runtime_only_job_members_are_not_public() -> None:
+    job = Job(None)
+    assert not hasattr(job, "cancel")
+    for removed in ("clock", "progress_reporter"):
+        with pytest.raises(TypeError):
+            Job(None, **{removed: None})

@@ -5,11 +5,14 @@ Example::
     from serverless_worker import BusinessError, Job, handler
 
     @handler("payment-processor")
-    def charge(job: Job) -> dict:
+    def charge(job: Job[Payment]) -> dict:
         return {"status": "charged"}
 
-The handler API is imported on first use (PEP 562), so ``import serverless_worker``
-stays cheap for the CLI and for entry points that only need the error tree.
+``__all__`` is what a handler author uses. The runtime's own pieces are imported from
+their modules (``serverless_worker.registry``, ``.job``, ``.handler_runner``...), and
+tests run handlers through :mod:`serverless_worker.testing`. The handler API is imported
+on first use (PEP 562), so ``import serverless_worker`` stays cheap for the CLI and for
+entry points that only need the error tree.
 """
 
 from __future__ import annotations
@@ -17,36 +20,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import BusinessError, JobCancelledError, ServerlessWorkerError, UnknownHandlerError
+from .errors import BusinessError, JobCancelledError
 
 if TYPE_CHECKING:
     from .job import CancelReason, Job
-    from .registry import HandlerRegistry, HandlerSpec, default_registry, handler, load_handlers
+    from .registry import handler
     from .results import Continue, Result
 
 __all__ = [
     "BusinessError",
     "CancelReason",
     "Continue",
-    "HandlerRegistry",
-    "HandlerSpec",
     "Job",
     "JobCancelledError",
     "Result",
-    "ServerlessWorkerError",
-    "UnknownHandlerError",
-    "default_registry",
     "handler",
-    "load_handlers",
 ]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "HandlerRegistry": "registry",
-    "HandlerSpec": "registry",
-    "default_registry": "registry",
     "handler": "registry",
-    "load_handlers": "registry",
     "CancelReason": "job",
     "Job": "job",
     "Continue": "results",

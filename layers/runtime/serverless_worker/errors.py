@@ -7,6 +7,9 @@ endpoint, status and identifiers a caller needs, never a credential.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = [
     "AuthenticationError",
     "BadInputError",
@@ -150,7 +153,7 @@ class BusinessError(ServerlessWorkerError):
     >>> raise BusinessError("CARD_DECLINED", "insufficient funds", {"declineReason": "funds"})
     """
 
-    def __init__(self, code: str, message: str = "", variables: dict | None = None) -> None:
+    def __init__(self, code: str, message: str = "", variables: Mapping[str, Any] | None = None) -> None:
         self.code, self.message, self.variables = code, message, dict(variables or {})
         super().__init__(f"{code}: {message}" if message else code)
 

@@ -10,8 +10,9 @@ Lambda a frozen sandbox is thawed for the next invocation and the thread would r
 there, so ``RunResult.abandoned`` tells the runtime to end the sandbox (exit the
 process) once the outcome is stored and reported.
 
-Only ``BaseException`` (KeyboardInterrupt, SystemExit) escapes :func:`run_handler`;
-every other failure, in the handler or in mapping its result, becomes an Outcome.
+Only ``BaseException`` (KeyboardInterrupt, SystemExit) and a failure of the watcher
+itself (its clock, its cancel signal) escape :func:`run_handler`, the handler cancelled
+first; every failure in the handler or in mapping its result becomes an Outcome.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import BadInputError, BusinessError, JobCancelledError
-from .job import CancelReason, Clock, Job, ProgressReporter, truncate_utf8
+from .job import CancelReason, Clock, Job, ProgressReporter, cancel_job, runtime_job, truncate_utf8
 from .outcome import Outcome, OutcomeKind, ResultExtras, ResultLog
 from .protocols.base import Delivery
 from .registry import HandlerSpec
@@ -42,10 +43,15 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "BadInputError",
     "CancelSignal",
+    "Done",
     "RunResult",
+    "cancelled_outcome",
     "decode_payload",
     "describe_validation_error",
+    "finished_result",
+    "handler_budget",
     "run_handler",
+    "start_or_refuse",
 ]
 
 log = logging.getLogger("serverless_worker.handler_runner")
@@ -100,7 +106,8 @@ class RunResult:
     abandoned: bool = False
 
 
-_Done = Callable[..., RunResult]
+# Builds the RunResult (timing included) from an outcome; see run_handler's ``done``.
+Done = Callable[..., RunResult]
 
 
 class _Box:
@@ -179,31 +186,17 @@ def run_handler(
              logs: tuple[ResultLog, ...] = (), abandoned: bool = False) -> RunResult:
         return RunResult(outcome, continuation, started, clock.monotonic() - started_at, logs, abandoned)
 
-    try:
-        value = decode_payload(spec, delivery)
-    except BadInputError as err:
-        log.warning("bad input for handler %s: %s", spec.name, err, extra=_context(spec, delivery))
-        return done(Outcome(kind=OutcomeKind.BAD_INPUT, error_code="VALIDATION_ERROR", message=str(err)),
-                    started=False)
-    except Exception as err:  # an input model's own validator crashed: the model's bug
-        log.error("input model of handler %s crashed", spec.name, exc_info=err,
-                  extra=_context(spec, delivery))
-        return done(_failure(err, "input model raised "), started=False)
+    budget = handler_budget(spec, budget_seconds)
+    early = _reason_of(cancel_event) if cancel_event is not None and cancel_event.is_set() else None
+    value, refusal = start_or_refuse(spec, delivery, budget, early)
+    if refusal is not None:
+        return done(refusal, started=False)
 
-    budget = budget_seconds if spec.timeout is None else min(budget_seconds, spec.timeout)
-    if cancel_event is not None and cancel_event.is_set():
-        early = _reason_of(cancel_event)
-        return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code=early.upper(),
-                            message=f"cancelled ({early}) before the handler started"), started=False)
-    if not budget > 0:  # also NaN
-        return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_TIME",
-                            message="no time budget left to start the handler"), started=False)
-
-    job: Job[Any] = Job(
+    job: Job[Any] = runtime_job(
         value, raw_payload=delivery.payload, attempt=delivery.attempt, retries_left=delivery.retries_left,
         deadline=clock.time() + budget, job_id=delivery.job_id, ledger_id=delivery.ledger_id,
         protocol=delivery.protocol, handler=spec.name, checkpoint=checkpoint,
-        callback_token=callback_token, progress_reporter=progress, clock=clock)
+        callback_token=callback_token, reporter=progress, clock=clock)
     box = _Box()
     thread = threading.Thread(target=_call, args=(spec, job, box), name=f"sw-handler-{spec.name}",
                               daemon=True)
@@ -213,21 +206,61 @@ def run_handler(
         log.error("could not start a thread for handler %s", spec.name, exc_info=err, extra=job.log_context)
         return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_THREAD",
                             message=f"could not start the handler thread: {err}"), started=False)
+    reason: CancelReason | None = None
     try:
         reason = _watch(box.done, budget, cancel_event, clock)
-        if reason is not None:
-            job.cancel(reason)
-            stopped = box.done.wait(max(0.0, grace_seconds))
-            return done(_cancelled(spec, job, reason, budget, grace_seconds, stopped), started=True,
-                        logs=tuple(job.logs), abandoned=not stopped)
-    except BaseException:
-        job.cancel(CancelReason.SHUTDOWN)  # Ctrl-C while waiting: tell the handler too
-        raise
+    finally:
+        if reason is None and not box.done.is_set():
+            # The watcher itself was stopped (Ctrl-C, exit) or failed: nothing supervises the
+            # handler any more, so tell it to stop too. The error itself goes on up.
+            cancel_job(job, CancelReason.SHUTDOWN)
+    if reason is not None:
+        cancel_job(job, reason)
+        stopped = box.done.wait(max(0.0, grace_seconds))
+        return done(cancelled_outcome(spec, job, reason, budget, grace_seconds, stopped), started=True,
+                    logs=tuple(job.logs), abandoned=not stopped)
     if box.fatal is not None:
         raise box.fatal
+    return finished_result(spec, job, box.value, box.error, done, clock.time())
+
+
+def handler_budget(spec: HandlerSpec, budget_seconds: float) -> float:
+    """The seconds a run gets: the runtime's budget, capped by the handler's own ``timeout``."""
+    return budget_seconds if spec.timeout is None else min(budget_seconds, spec.timeout)
+
+
+def start_or_refuse(spec: HandlerSpec, delivery: Delivery, budget: float,
+                    early: CancelReason | None) -> tuple[Any, Outcome | None]:
+    """``(job.input, None)`` when the handler may start, else ``(None, the outcome)``: bad input,
+    a crashing input model, a cancellation that came first (``early``) or no budget left."""
     try:
-        return _map(spec, job, box, done, clock.time())
-    except Exception as err:  # never let a mapping bug escape: it is still a definite outcome
+        value = decode_payload(spec, delivery)
+    except BadInputError as err:
+        log.warning("bad input for handler %s: %s", spec.name, err, extra=_context(spec, delivery))
+        return None, Outcome(kind=OutcomeKind.BAD_INPUT, error_code="VALIDATION_ERROR", message=str(err))
+    except Exception as err:  # an input model's own validator crashed: the model's bug
+        log.error("input model of handler %s crashed", spec.name, exc_info=err,
+                  extra=_context(spec, delivery))
+        return None, _failure(err, "input model raised ")
+    if early is not None:
+        return None, Outcome(kind=OutcomeKind.NOT_STARTED, error_code=early.upper(),
+                             message=f"cancelled ({early}) before the handler started")
+    if not budget > 0:  # also NaN
+        return None, Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_TIME",
+                             message="no time budget left to start the handler")
+    return value, None
+
+
+def finished_result(spec: HandlerSpec, job: Job[Any], value: Any, error: BaseException | None,
+                    done: Done, now: float) -> RunResult:
+    """What a handler that returned ``value`` (or raised ``error``) on its own comes to.
+
+    Shared with :mod:`serverless_worker.testing`, so a test sees the runtime's mapping.
+    A bug in the mapping is still a definite outcome: it never escapes.
+    """
+    try:
+        return _map(spec, job, value, error, done, now)
+    except Exception as err:  # the mapping's own bug: report it as a failure rather than lose the job
         log.error("mapping the outcome of handler %s failed", spec.name, exc_info=err, extra=job.log_context)
         return done(_failure(err, "internal error while mapping the handler's outcome: "), started=True)
 
@@ -278,8 +311,10 @@ def _reason_of(event: threading.Event) -> CancelReason:
         return CancelReason.LEASE_LOST
 
 
-def _cancelled(spec: HandlerSpec, job: Job[Any], reason: CancelReason, budget: float, grace: float,
-               stopped: bool) -> Outcome:
+def cancelled_outcome(spec: HandlerSpec, job: Job[Any], reason: CancelReason, budget: float, grace: float,
+                      stopped: bool) -> Outcome:
+    """The outcome of a run the runner cancelled (budget spent, lease lost, shutdown), whatever
+    the handler did afterwards; ``stopped`` says whether it ended within ``grace`` seconds."""
     kind, code = CANCEL_OUTCOMES[reason]
     if reason is CancelReason.TIMEOUT:
         message = f"handler {spec.name!r} ran past its time budget of {budget:.3g}s"
@@ -294,10 +329,10 @@ def _cancelled(spec: HandlerSpec, job: Job[Any], reason: CancelReason, budget: f
     return Outcome(kind=kind, error_code=code, message=message, extras=_extras(job.logs))
 
 
-def _map(spec: HandlerSpec, job: Job[Any], box: _Box, done: _Done, now: float) -> RunResult:
-    err = box.error
+def _map(spec: HandlerSpec, job: Job[Any], value: Any, err: BaseException | None, done: Done,
+         now: float) -> RunResult:
     if err is None:
-        return _map_value(spec, job, box.value, done, now)
+        return _map_value(spec, job, value, done, now)
     if isinstance(err, JobCancelledError) or (isinstance(err, asyncio.CancelledError) and job.cancelled):
         reason = job.cancel_reason or _reason_from(err)
         kind, code = CANCEL_OUTCOMES[reason]
@@ -324,13 +359,13 @@ def _map(spec: HandlerSpec, job: Job[Any], box: _Box, done: _Done, now: float) -
     return done(outcome.model_copy(update={"extras": _extras(job.logs)}), started=True)
 
 
-def _map_value(spec: HandlerSpec, job: Job[Any], value: Any, done: _Done, now: float) -> RunResult:
+def _map_value(spec: HandlerSpec, job: Job[Any], value: Any, done: Done, now: float) -> RunResult:
     if isinstance(value, Continue):
         if not spec.long_running:
             return done(Outcome(
                 kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
-                message=(f"handler {spec.name!r} returned Continue but is not declared long_running=True; "
-                         "declare it with @handler(..., long_running=True) to run in slices"),
+                message=(f"handler {spec.name!r} returned Continue but is declared mode={spec.mode!r}; "
+                         "declare it with @handler(..., mode=\"slices\") to run in slices"),
                 extras=_extras(job.logs)), started=True)
         try:
             checkpoint = to_jsonable(value.checkpoint)
@@ -360,7 +395,7 @@ def _map_value(spec: HandlerSpec, job: Job[Any], value: Any, done: _Done, now: f
     return done(Outcome(kind=OutcomeKind.SUCCESS, value=normalized, extras=extras), started=True)
 
 
-def _invalid(job: Job[Any], message: str, done: _Done) -> RunResult:
+def _invalid(job: Job[Any], message: str, done: Done) -> RunResult:
     log.error("%s", message, extra=job.log_context)
     return done(Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                         message=truncate_utf8(message, MAX_MESSAGE_BYTES), extras=_extras(job.logs)),

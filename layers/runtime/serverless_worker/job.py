@@ -6,6 +6,12 @@ sets it (lease lost, budget spent, shutdown) and the handler notices through
 Handlers should check it between side effects so that a job whose lease is gone starts
 no new ones.
 
+A handler sees only the members it uses (``input``, ids, ``remaining``, ``cancelled``,
+``wait``, ``progress``, ``log``...). The runtime builds its jobs with :func:`runtime_job`
+(clock, progress reporter) and cancels them with :func:`cancel_job`; a unit test builds
+one by hand with ``Job(payload)`` or, better, runs the handler through
+:mod:`serverless_worker.testing`.
+
 >>> job = Job({"n": 1})
 >>> job.wait(0.01)
 False
@@ -28,11 +34,24 @@ from pydantic import BaseModel
 from .errors import JobCancelledError
 from .outcome import ResultLog
 
-__all__ = ["MAX_LOG_LINES", "MAX_LOG_MESSAGE_BYTES", "CancelReason", "Clock", "Job", "ProgressReporter"]
+__all__ = [
+    "MAX_LOG_LINES",
+    "MAX_LOG_MESSAGE_BYTES",
+    "CancelReason",
+    "Clock",
+    "Job",
+    "ProgressReporter",
+    "Waiter",
+    "cancel_job",
+    "runtime_job",
+]
 
 log = logging.getLogger("serverless_worker.job")
 
 ProgressReporter = Callable[[Any], None]
+# How ``job.wait`` sleeps: given the cancel event and the seconds, True once cancelled.
+# The runtime waits on the event; serverless_worker.testing moves a fake clock instead.
+Waiter = Callable[[threading.Event, float], bool]
 
 MAX_LOG_LINES = 200             # result log lines kept per run; more are counted, not sent
 MAX_LOG_MESSAGE_BYTES = 4096    # each kept line is cut to this size
@@ -72,9 +91,9 @@ def truncate_utf8(text: str, limit: int) -> str:
 class Job[InputT]:
     """One delivery as a handler sees it.
 
-    ``input`` is the validated model instance when the handler declared ``input=``,
-    else the decoded payload. ``deadline`` is the epoch second the budget ends (``None``:
-    no budget, as in a Job built by hand in a unit test). ``checkpoint`` is what the
+    ``input`` is the validated model instance when the handler has an input model
+    (``job: Job[Model]`` or ``input=Model``), else the decoded payload. ``deadline`` is
+    the epoch second the budget ends (``None``: no budget, as in a Job built by hand). ``checkpoint`` is what the
     previous slice returned through :class:`~serverless_worker.results.Continue`.
     ``callback_token`` is set when the handler runs as a Step Functions
     ``.waitForTaskToken`` task; hand it to the external system that finishes the work.
@@ -94,8 +113,6 @@ class Job[InputT]:
         handler: str = "",
         checkpoint: Any = None,
         callback_token: str | None = None,
-        progress_reporter: ProgressReporter | None = None,
-        clock: Clock | ModuleType = time,
     ) -> None:
         self.input = input
         self.raw_payload = raw_payload
@@ -108,8 +125,9 @@ class Job[InputT]:
         self.handler = handler
         self.checkpoint = checkpoint
         self.callback_token = callback_token
-        self._reporter = progress_reporter
-        self._clock = clock
+        self._reporter: ProgressReporter | None = None
+        self._clock: Clock | ModuleType = time
+        self._waiter: Waiter = _wait_on_event
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
         self._cancel_reason: CancelReason | None = None
@@ -144,8 +162,8 @@ class Job[InputT]:
     def cancel_reason(self) -> CancelReason | None:
         return self._cancel_reason
 
-    def cancel(self, reason: CancelReason | str) -> None:
-        """Ask the handler to stop. The first reason wins; the runtime calls this."""
+    def _cancel(self, reason: CancelReason | str) -> None:
+        """See :func:`cancel_job`."""
         with self._lock:
             if self._cancel_reason is None:
                 self._cancel_reason = CancelReason(reason)
@@ -158,7 +176,7 @@ class Job[InputT]:
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early on cancellation. Returns True if cancelled."""
-        return self._cancelled.wait(max(0.0, seconds))
+        return self._waiter(self._cancelled, max(0.0, seconds))
 
     # -- reporting ---------------------------------------------------------------
     def progress(self, value: Any) -> bool:
@@ -200,3 +218,44 @@ class Job[InputT]:
             lines.append(ResultLog(message=f"{dropped} more log lines were dropped", logLevel="WARNING",
                                    created=rfc3339(self._clock.time())))
         return lines
+
+
+def _wait_on_event(event: threading.Event, seconds: float) -> bool:
+    return event.wait(seconds)
+
+
+def runtime_job[InputT](
+    input: InputT,
+    *,
+    raw_payload: Any = None,
+    attempt: int = 1,
+    retries_left: int | None = None,
+    deadline: float | None = None,
+    job_id: str = "local",
+    ledger_id: str | None = None,
+    protocol: str = "local",
+    handler: str = "",
+    checkpoint: Any = None,
+    callback_token: str | None = None,
+    clock: Clock | ModuleType = time,
+    reporter: ProgressReporter | None = None,
+    waiter: Waiter | None = None,
+) -> Job[InputT]:
+    """A Job wired to the runtime's clock and progress reporter (and, for fake time, a waiter).
+
+    Kept out of ``Job.__init__`` so a handler author never sees these knobs.
+    """
+    job: Job[InputT] = Job(input, raw_payload=raw_payload, attempt=attempt, retries_left=retries_left,
+                           deadline=deadline, job_id=job_id, ledger_id=ledger_id, protocol=protocol,
+                           handler=handler, checkpoint=checkpoint, callback_token=callback_token)
+    job._clock = clock
+    job._reporter = reporter
+    if waiter is not None:
+        job._waiter = waiter
+    return job
+
+
+def cancel_job(job: Job[Any], reason: CancelReason | str) -> None:
+    """Ask the handler running ``job`` to stop. The first reason wins; unknown reasons raise
+    ValueError. For the runtime (lease lost, budget spent, shutdown), not for handlers."""
+    job._cancel(reason)

@@ -1,13 +1,14 @@
 """The ``@handler`` decorator, the registry it fills, and loading the user's handler module.
 
 The decorator returns the function unchanged, so a handler stays a plain function
-that unit tests call with a hand-built :class:`~serverless_worker.job.Job`.
+(run it in tests through :mod:`serverless_worker.testing`). The input model comes from
+the annotation: ``job: Job[Payment]`` validates the payload against ``Payment``.
 
 Example::
 
     from serverless_worker import BusinessError, Job, handler
 
-    @handler("payment-processor", input=Payment, timeout=30)
+    @handler("payment-processor", timeout=30)
     def charge(job: Job[Payment]) -> dict:
         if job.input.amount > 1000:
             raise BusinessError("CARD_DECLINED", "over the limit")
@@ -29,16 +30,19 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, Literal, Never, TypeVar, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel
 
 from .errors import ConfigurationError, UnknownHandlerError
+from .job import Job
 from .results import NotJsonSerializableError, to_jsonable
 
 __all__ = [
+    "HANDLER_MODES",
     "HANDLER_NAME_RE",
     "SPEC_ATTRIBUTE",
+    "HandlerMode",
     "HandlerRegistry",
     "HandlerSpec",
     "default_registry",
@@ -53,23 +57,35 @@ SPEC_ATTRIBUTE = "__serverless_worker_handler__"
 # Safe as a Pipelogiq handler name, a Priostack job type and a claim-queue URL segment.
 HANDLER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 
+# short: one call within one Lambda invocation. slices: through Step Functions, may return
+# Continue. callback: through Step Functions, finished later through job.callback_token.
+HandlerMode = Literal["short", "slices", "callback"]
+HANDLER_MODES: tuple[HandlerMode, ...] = get_args(HandlerMode)
+# The options that ``mode=`` replaced: a clear TypeError instead of "unexpected keyword".
+_REMOVED_OPTIONS = {"long_running": 'mode="slices"', "callback": 'mode="callback"'}
+
 
 @dataclass(frozen=True)
 class HandlerSpec:
-    """One registered handler and the options it was declared with.
-
-    ``callback=True`` implies ``long_running``: the handler starts external work and
-    the result arrives later through the Step Functions task token.
-    """
+    """One registered handler and the options it was declared with."""
 
     name: str
     fn: Callable[..., Any]
     input_model: type[BaseModel] | None = None
     timeout: float | None = None
-    long_running: bool = False
+    mode: HandlerMode = "short"
     criteria: Mapping[str, Any] | None = field(default=None, hash=False)
-    callback: bool = False
     run_past_lease: bool = False  # opt-in: where late results count, the lease does not bound it
+
+    @property
+    def long_running(self) -> bool:
+        """Runs through Step Functions (``slices`` or ``callback``), not in one invocation."""
+        return self.mode != "short"
+
+    @property
+    def callback(self) -> bool:
+        """Finished later through the Step Functions task token (``mode="callback"``)."""
+        return self.mode == "callback"
 
     @property
     def is_async(self) -> bool:
@@ -77,7 +93,7 @@ class HandlerSpec:
 
 
 def _build_spec(name: str, fn: Callable[..., Any], *, input: type[BaseModel] | None, timeout: float | None,
-                long_running: bool, criteria: Mapping[str, Any] | None, callback: bool,
+                mode: HandlerMode, criteria: Mapping[str, Any] | None,
                 run_past_lease: bool = False) -> HandlerSpec:
     """Check the declaration once, at import time, so mistakes surface at deploy, not per job."""
     where = f"handler {name!r}"
@@ -95,6 +111,10 @@ def _build_spec(name: str, fn: Callable[..., Any], *, input: type[BaseModel] | N
         pass
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
         raise ConfigurationError(f"{where}: input= must be a pydantic BaseModel subclass")
+    input = _input_model(where, fn, input)
+    if mode not in HANDLER_MODES:
+        raise ConfigurationError(f"{where}: mode= must be one of {', '.join(map(repr, HANDLER_MODES))}, "
+                                 f"not {mode!r}")
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                 or not math.isfinite(timeout) or timeout <= 0:
@@ -107,9 +127,56 @@ def _build_spec(name: str, fn: Callable[..., Any], *, input: type[BaseModel] | N
             criteria = to_jsonable(dict(criteria))
         except NotJsonSerializableError as err:
             raise ConfigurationError(f"{where}: criteria= must be JSON-serializable") from err
-    return HandlerSpec(name=name, fn=fn, input_model=input, timeout=timeout,
-                       long_running=bool(long_running or callback), criteria=criteria,
-                       callback=bool(callback), run_past_lease=bool(run_past_lease))
+    return HandlerSpec(name=name, fn=fn, input_model=input, timeout=timeout, mode=mode, criteria=criteria,
+                       run_past_lease=bool(run_past_lease))
+
+
+def _input_model(where: str, fn: Callable[..., Any], declared: type[BaseModel] | None) -> type[BaseModel] | None:
+    """The model ``job.input`` is validated against: ``input=`` or the ``Job[Model]`` annotation.
+
+    ``Job``, ``Job[dict]``, ``Job[Any]`` or no annotation mean the raw decoded payload.
+    Both given must name the same model, since the handler reads the annotated one.
+    """
+    annotated = _annotated_input(where, fn)
+    if annotated is None:
+        return declared
+    if declared is None:
+        return annotated if isinstance(annotated, type) and issubclass(annotated, BaseModel) else None
+    if annotated is not declared:
+        shown = getattr(annotated, "__name__", repr(annotated))
+        raise ConfigurationError(
+            f"{where}: input={declared.__name__} does not match the annotation Job[{shown}]; "
+            "drop input= (the annotation is enough) or make them name the same model")
+    return declared
+
+
+def _annotated_input(where: str, fn: Callable[..., Any]) -> object:
+    """The ``X`` of the job parameter's ``Job[X]`` annotation, or None when it says nothing."""
+    try:
+        parameters = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins and odd callables without a signature
+        return None
+    if not parameters:
+        return None
+    try:
+        hints = get_type_hints(fn)
+    except TypeError:  # not a function, method, class or module: no annotations to read
+        return None
+    except Exception as err:  # a string annotation that names something undefined, or a typo in one
+        raise ConfigurationError(
+            f"{where}: cannot resolve the annotations of {_qualname(fn)}: {type(err).__name__}: {err}; "
+            "import the names they use at module level") from err
+    hint = hints.get(parameters[0])
+    if hint is None or hint is Job:
+        return None
+    if get_origin(hint) is not Job:
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            raise ConfigurationError(
+                f"{where}: the handler receives a Job, not a {hint.__name__}: annotate the parameter "
+                f"as Job[{hint.__name__}]")
+        return None
+    (argument,) = get_args(hint)
+    return None if argument is Any or isinstance(argument, TypeVar) else argument
 
 
 class HandlerRegistry:
@@ -132,13 +199,14 @@ class HandlerRegistry:
         return spec
 
     def handler(self, name: str, *, input: type[BaseModel] | None = None, timeout: float | None = None,
-                long_running: bool = False, criteria: Mapping[str, Any] | None = None,
-                callback: bool = False, run_past_lease: bool = False) -> Callable[[F], F]:
+                mode: HandlerMode = "short", criteria: Mapping[str, Any] | None = None,
+                run_past_lease: bool = False, **removed: Never) -> Callable[[F], F]:
         """Decorator registering the function in this registry (see :func:`handler`)."""
+        _refuse_removed(name, removed)
 
         def decorate(fn: F) -> F:
-            spec = _build_spec(name, fn, input=input, timeout=timeout, long_running=long_running,
-                               criteria=criteria, callback=callback, run_past_lease=run_past_lease)
+            spec = _build_spec(name, fn, input=input, timeout=timeout, mode=mode,
+                               criteria=criteria, run_past_lease=run_past_lease)
             self.register(spec)
             # A bound method cannot carry the attribute; lookup by name still works.
             with contextlib.suppress(AttributeError, TypeError):
@@ -201,24 +269,36 @@ default_registry = HandlerRegistry()
 
 
 def handler(name: str, *, input: type[BaseModel] | None = None, timeout: float | None = None,
-            long_running: bool = False, criteria: Mapping[str, Any] | None = None,
-            callback: bool = False, run_past_lease: bool = False,
-            registry: HandlerRegistry | None = None) -> Callable[[F], F]:
+            mode: HandlerMode = "short", criteria: Mapping[str, Any] | None = None,
+            run_past_lease: bool = False, registry: HandlerRegistry | None = None,
+            **removed: Never) -> Callable[[F], F]:
     """Register a function as the handler for ``name``.
 
     ``name`` is the Pipelogiq stage handler name, the Priostack job type or the claim
-    queue's name. ``input`` is a pydantic model the payload must satisfy (else the job
-    ends as bad input without calling the function); ``timeout`` the handler's own
-    budget in seconds; ``long_running`` runs it through Step Functions (and allows
-    returning :class:`~serverless_worker.results.Continue`); ``criteria`` the claim
-    queue capability criteria; ``callback`` a long-running handler finished later
-    through ``job.callback_token``; ``run_past_lease`` (opt-in, claim queue only) lets the
-    handler run for its whole ``timeout`` past the unrenewable lease, since the queue accepts
-    a late result unless another worker finished the item first (``docs/timeouts.md``).
+    queue's name. The payload must satisfy the pydantic model of the ``job: Job[Model]``
+    annotation (else the job ends as bad input without calling the function); ``input``
+    names it explicitly and must agree with the annotation. ``timeout`` is the handler's
+    own budget in seconds. ``mode`` is ``"short"`` (one call in one invocation),
+    ``"slices"`` (through Step Functions; may return
+    :class:`~serverless_worker.results.Continue`) or ``"callback"`` (through Step Functions,
+    finished later through ``job.callback_token``). ``criteria`` are the claim queue
+    capability criteria; ``run_past_lease`` (opt-in, claim queue only) lets the handler run
+    for its whole ``timeout`` past the unrenewable lease, since the queue accepts a late
+    result unless another worker finished the item first (``docs/timeouts.md``).
     """
+    _refuse_removed(name, removed)
     return (registry if registry is not None else default_registry).handler(
-        name, input=input, timeout=timeout, long_running=long_running, criteria=criteria, callback=callback,
-        run_past_lease=run_past_lease)
+        name, input=input, timeout=timeout, mode=mode, criteria=criteria, run_past_lease=run_past_lease)
+
+
+def _refuse_removed(name: str, options: Mapping[str, object]) -> None:
+    """Name the replacement of a removed option; any other unknown keyword is a plain TypeError."""
+    for option in options:
+        replacement = _REMOVED_OPTIONS.get(option)
+        if replacement is not None:
+            raise TypeError(f"handler {name!r}: {option}= was removed; declare {replacement} instead "
+                            f"(mode= is one of {', '.join(map(repr, HANDLER_MODES))})")
+        raise TypeError(f"handler() got an unexpected keyword argument {option!r}")
 
 
 def get_handler(name: str) -> HandlerSpec:

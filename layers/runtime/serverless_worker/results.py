@@ -4,7 +4,7 @@
 - :class:`Result`: success plus the Pipelogiq extras (result logs, context updates,
   appended stages, wait for approval); other protocols report ``value`` only;
 - :class:`Continue`: "call me again in a fresh slice with ``job.checkpoint`` set", for
-  handlers declared ``long_running=True`` that outgrow one Lambda invocation.
+  handlers declared ``mode="slices"`` that outgrow one Lambda invocation.
 
 Example::
 
@@ -117,7 +117,7 @@ class Result:
 class Continue:
     """Ask to be called again in a fresh slice with ``job.checkpoint = checkpoint``.
 
-    Only for handlers declared ``long_running=True``; the checkpoint must be
+    Only for handlers declared ``mode="slices"``; the checkpoint must be
     JSON-serializable (it is stored between slices). ``delay_seconds`` is how long
     to wait before the next slice.
     """

@@ -63,7 +63,7 @@ from .priostack_models import (
     WorkerRegistration,
 )
 
-__all__ = ["AuthMode", "PriostackClient"]
+__all__ = ["AuthMode", "PriostackClient", "settle_request"]
 
 log = logging.getLogger("serverless_worker.protocols.priostack")
 M = TypeVar("M", bound=BaseModel)
@@ -277,13 +277,11 @@ class PriostackClient(WorkerProtocol):
         Raises NotFoundAfterRetryError on a 404 that follows an ambiguous attempt, and
         NotFoundError on any other 404.
         """
-        body = CompleteRequest(variables=variables).model_dump(exclude_none=True)
-        self._settle("complete", key, body)
+        self._settle("complete", key, _complete_body(variables))
 
     def fail(self, key: str, retries: int, message: str) -> None:
         """Fail a job storing ``retries`` as sent (0 or less raises an incident)."""
-        body = FailRequest(retries=retries, errorMessage=message[:MAX_ERROR_MESSAGE]).model_dump()
-        self._settle("fail", key, body)
+        self._settle("fail", key, _fail_body(retries, message))
 
     # -- optional worker registration and reads -------------------------------------------
     def register_worker(self, topics: list[str], group_name: str | None = None) -> WorkerRecord:
@@ -520,6 +518,23 @@ def _plan(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any] | N
     if kind is OutcomeKind.TIMEOUT:
         return "fail", None, max(0, _retries(delivery) - 1), _error_message(outcome, "handler timed out")
     raise ValueError(f"{kind.value} outcomes are not reported to Priostack; use hand_back()")
+
+
+def settle_request(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any]]:
+    """The call (``complete`` or ``fail``) and the JSON body :meth:`PriostackClient.report`
+    sends for ``outcome``. Pure, so ``serverless_worker.testing`` shows it without a server."""
+    action, variables, retries, message = _plan(delivery, outcome)
+    if action == "complete":
+        return action, _complete_body(variables)
+    return action, _fail_body(retries, message)
+
+
+def _complete_body(variables: dict[str, Any] | None) -> dict[str, Any]:
+    return CompleteRequest(variables=variables).model_dump(exclude_none=True)
+
+
+def _fail_body(retries: int, message: str) -> dict[str, Any]:
+    return FailRequest(retries=retries, errorMessage=message[:MAX_ERROR_MESSAGE]).model_dump()
 
 
 def _success_variables(value: Any) -> dict[str, Any] | None:
