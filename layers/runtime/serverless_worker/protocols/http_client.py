@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from pydantic import SecretStr
 
+from .. import logsafety
 from ._http import HttpTransport, RetryPolicy, header_credential, retry_call
 from .base import WorkerProtocol
 
@@ -45,6 +46,7 @@ class HttpProtocolClient(WorkerProtocol):
         pool_maxsize: int = 64,
     ) -> None:
         self._credential = header_credential(credential, self.credential_label)
+        logsafety.register_secret(self._credential.get_secret_value())  # out of third-party logs too
         self._retry = retry
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout

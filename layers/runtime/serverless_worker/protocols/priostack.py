@@ -18,7 +18,6 @@ Paths the documents do not give, chosen here and isolated in ``_PATHS``:
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Literal, NoReturn, TypeVar
@@ -85,27 +84,6 @@ _PATHS = {
     "workers.list": "/workers",
 }
 
-_QUERY_KEY = re.compile(r"(api_key=)[^&\s\"']+", re.IGNORECASE)
-
-
-class _RedactQueryKey(logging.Filter):
-    """urllib3 logs request URLs at DEBUG; in query-auth mode those carry the key."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record is not ours to fix
-            return True
-        if "api_key=" in message.lower():
-            record.msg, record.args = _QUERY_KEY.sub(r"\1[redacted]", message), ()
-        return True
-
-
-_REDACTOR = _RedactQueryKey()
-for _name in ("urllib3.connectionpool", "urllib3.util.retry", "urllib3.connection", "urllib3.response"):
-    if _REDACTOR not in logging.getLogger(_name).filters:
-        logging.getLogger(_name).addFilter(_REDACTOR)
-
 
 class PriostackClient(HttpProtocolClient):
     """A Priostack worker over one pooled HTTP session.
@@ -113,7 +91,8 @@ class PriostackClient(HttpProtocolClient):
     ``auth`` picks where the API key goes: ``X-API-Key`` (default), ``Authorization:
     Bearer`` or the ``api_key`` query parameter. The query form is supported because the
     documents list it; it puts the key in the URL, so in that mode transport errors are
-    re-raised without their chained cause and urllib3's URL logging is redacted.
+    re-raised without their chained cause, and urllib3's URL logging is redacted by
+    ``logsafety``.
     """
 
     name: ClassVar[str] = "priostack"
