@@ -1,28 +1,130 @@
-"""Keep credentials out of what the AWS SDK logs at DEBUG.
+"""Keep credentials out of what third-party libraries log: the one place that does it.
 
-botocore logs every request and response at DEBUG: a GetSecretValue answer carries the
-API key, DynamoDB requests and answers carry session and delivery tokens, and signed
-requests show the AWS session token. Turning on DEBUG logging for the worker must never
-print those, so the loggers that write bodies and signatures are held at INFO (the
-claim queue's WebSocket wire log is held the same way). Importing this module does it;
-the modules that create boto3 clients import it.
+Two things, both applied when this module is imported (the protocol clients and the
+modules that create boto3 clients import it):
+
+- botocore logs every request and response at DEBUG: a GetSecretValue answer carries
+  the API key, DynamoDB items carry session and delivery tokens, signed requests show
+  the AWS session token. Its body loggers (``SDK_BODY_LOGGERS``) are held at INFO, and
+  so is ``WIRE_LOGGER``, where the claim queue's work socket sends websockets' log
+  (which shows the handshake's headers, bearer token included, and every frame).
+- Whatever the level, every record of the loggers under ``REDACTED_LOGGERS`` (urllib3,
+  requests, botocore, boto3, stamina, websockets and the wire logger) is redacted as it
+  is made: credentials the clients registered with :func:`register_secret`,
+  ``api_key=`` query values (urllib3 logs request URLs, and Priostack's query mode puts
+  the key there) and credential headers become ``[redacted]``, in the message and in
+  the traceback text.
+
+The redaction is a log record factory rather than a logger filter: a filter sees only
+the records of the logger it is on, not its children's, and botocore alone logs through
+some thirty module loggers, created as its modules are imported.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["SDK_BODY_LOGGERS", "hold_sdk_loggers"]
+__all__ = [
+    "REDACTED",
+    "REDACTED_LOGGERS",
+    "MIN_SECRET_LENGTH",
+    "SDK_BODY_LOGGERS",
+    "WIRE_LOGGER",
+    "hold_sdk_loggers",
+    "install",
+    "redact",
+    "redact_record",
+    "register_secret",
+]
 
+REDACTED = "[redacted]"
 SDK_BODY_LOGGERS = ("botocore.endpoint", "botocore.parsers", "botocore.auth")
+WIRE_LOGGER = "serverless_worker.protocols.claimqueue.wire"
+# Each name with every logger below it.
+REDACTED_LOGGERS = ("urllib3", "requests", "botocore", "boto3", "s3transfer", "stamina", "websockets",
+                    WIRE_LOGGER)
+_PREFIXES = tuple(f"{name}." for name in REDACTED_LOGGERS)
+
+# Secrets that may appear in any shape: query values, credential headers, JSON token fields.
+_PATTERNS = (
+    re.compile(r"(api_key=)[^&\s\"']+", re.IGNORECASE),
+    re.compile(r"((?:authorization|x-api-key|x-worker-session)['\"]?\s*[:=]\s*['\"]?(?:bearer\s+)?)"
+               r"[^\s'\",}]+", re.IGNORECASE),
+    re.compile(r"(\"(?:token|workerSessionToken|apiKey|api_key)\"\s*:\s*\")[^\"]+", re.IGNORECASE),
+)
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+
+
+# A shorter value cannot be told from ordinary text (a key "test" would cut every "test"
+# out of every line); the shapes above still redact it where it stands as a credential.
+MIN_SECRET_LENGTH = 8
+
+
+def register_secret(value: str) -> None:
+    """Redact ``value`` from the redacted loggers' records from now on (a client's credential)."""
+    if len(value) >= MIN_SECRET_LENGTH:
+        with _secrets_lock:
+            _secrets.add(value)
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered secret and every credential-shaped value cut out."""
+    for pattern in _PATTERNS:
+        text = pattern.sub(rf"\1{REDACTED}", text)
+    with _secrets_lock:
+        known = sorted(_secrets, key=len, reverse=True)  # longest first: one may contain another
+    for secret in known:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Rewrite ``record``'s message, and its traceback text, with :func:`redact`."""
+    try:
+        message = record.getMessage()
+    except (TypeError, ValueError):  # a malformed record: the handler reports it, unformatted
+        return
+    cleaned = redact(message)
+    if cleaned != message:
+        record.msg, record.args = cleaned, ()
+    if record.exc_info and not record.exc_text:  # formatters reuse exc_text when it is set
+        record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+
+
+_make_record: Callable[..., logging.LogRecord] = logging.getLogRecordFactory()
+
+
+def _redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    record = _make_record(*args, **kwargs)
+    if f"{record.name}.".startswith(_PREFIXES):
+        redact_record(record)
+    return record
 
 
 def hold_sdk_loggers() -> None:
-    """Raise each of ``SDK_BODY_LOGGERS`` to INFO at least (it logs bodies only at DEBUG)."""
-    for name in SDK_BODY_LOGGERS:
+    """Raise each of ``SDK_BODY_LOGGERS`` and ``WIRE_LOGGER`` to INFO at least (they log
+    bodies and headers only at DEBUG)."""
+    for name in (*SDK_BODY_LOGGERS, WIRE_LOGGER):
         logger = logging.getLogger(name)
         if logger.level < logging.INFO:  # NOTSET (inherit) included
             logger.setLevel(logging.INFO)
 
 
-hold_sdk_loggers()
+def install() -> None:
+    """Hold the body loggers and redact the third-party loggers' records (idempotent)."""
+    global _make_record
+    hold_sdk_loggers()
+    current = logging.getLogRecordFactory()
+    if current is not _redacting_factory:
+        _make_record = current
+        logging.setLogRecordFactory(_redacting_factory)
+
+
+install()

@@ -32,7 +32,17 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from ..errors import ServerlessWorkerError
+from .. import errors
+from ..errors import (
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    ForbiddenError,
+    NotFoundAfterRetryError,
+    NotFoundError,
+    ServerlessWorkerError,
+    SessionExpiredError,
+)
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.drain import drain
 from ..runtime.executor import execute
@@ -61,9 +71,16 @@ EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permis
 EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
 
 # A tick that ends with one of these cannot succeed by trying again: the configuration is wrong.
-_FATAL_ERRORS = frozenset({"ConfigurationError", "InvalidApiKeyError", "AuthenticationError",
-                           "ForbiddenError", "BadRequestError", "NotFoundError"})
+# Errors that no number of retries can cure: the run stops with EXIT_CONFIGURATION. An
+# expired session is re-bootstrapped, and a 404 after an ambiguous retry means "applied".
+_FATAL_ERRORS = (ConfigurationError, AuthenticationError, ForbiddenError, BadRequestError, NotFoundError)
+_RECOVERABLE_ERRORS = (SessionExpiredError, NotFoundAfterRetryError)
 _POLL = 0.25  # how often the controller refreshes the status and checks for idleness
+
+
+def _is_fatal(error_class: type[BaseException]) -> bool:
+    """Whether an error of ``error_class`` ends the run: checked on the error tree (errors.py)."""
+    return issubclass(error_class, _FATAL_ERRORS) and not issubclass(error_class, _RECOVERABLE_ERRORS)
 
 
 @dataclass
@@ -277,7 +294,7 @@ class LocalRunner:
             try:
                 report = self._scheduler.tick(context)
             except Exception as err:
-                if type(err).__name__ in _FATAL_ERRORS:
+                if _is_fatal(type(err)):
                     self._request_stop(f"configuration refused: {err}", exit_status=EXIT_CONFIGURATION)
                     return
                 failures += 1
@@ -307,8 +324,8 @@ class LocalRunner:
                                                       self._services.instance).get("stopped")
             self._request_stop(f"worker stopped: {reason}", exit_status=EXIT_CONFIGURATION)
             return False
-        cause = stopped.rpartition(": ")[2]
-        if cause in _FATAL_ERRORS:
+        cause = getattr(errors, stopped.rpartition(": ")[2], None)  # the report names the error's class
+        if isinstance(cause, type) and _is_fatal(cause):
             detail = "; ".join(report.errors) or stopped
             self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
             return False

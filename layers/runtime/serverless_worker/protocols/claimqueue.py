@@ -40,8 +40,8 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, HttpTransport, RetryPolicy, header_credential, retry_call
-from .base import Delivery, Lease, PullRequest, ReportReceipt, WorkerProtocol
+from ._http import HttpResponse, RetryPolicy
+from .base import Delivery, Lease, PullRequest, ReportReceipt
 from .claimqueue_models import (
     ClaimAnswer,
     ClaimRequest,
@@ -51,6 +51,7 @@ from .claimqueue_models import (
     ResultAnswer,
     raise_for_answer,
 )
+from .http_client import DEFAULT_RETRY, HttpProtocolClient
 
 if TYPE_CHECKING:
     from .claimqueue_socket import ClaimQueueSocket
@@ -78,8 +79,6 @@ _DEFAULT_ERROR_CODES = {
     OutcomeKind.FAILURE: "HANDLER_ERROR",
 }
 
-_DEFAULT_RETRY = RetryPolicy()
-
 
 def result_record(outcome: Outcome) -> dict[str, Any]:
     """The result record an outcome becomes (docs/outcomes.md, claim queue column).
@@ -101,7 +100,7 @@ def result_record(outcome: Outcome) -> dict[str, Any]:
     return record
 
 
-class ClaimQueueClient(WorkerProtocol):
+class ClaimQueueClient(HttpProtocolClient):
     """A claim queue worker, one pooled HTTP session plus, with ``transport="socket"``,
     one ``work`` socket per queue.
 
@@ -122,6 +121,9 @@ class ClaimQueueClient(WorkerProtocol):
     empty_poll_backoff: ClassVar[float] = 2.0  # "back off briefly": the document's loop waits 2 s
     parallel_pulls: ClassVar[int] = 3         # "no batch claim; parallelism comes from many single-item claims"
 
+    credential_field: ClassVar[str] = "token"
+    credential_label: ClassVar[str] = "claim queue bearer token"
+
     def __init__(
         self,
         base_url: str,
@@ -129,34 +131,30 @@ class ClaimQueueClient(WorkerProtocol):
         *,
         worker_id: str = "serverless-worker",
         transport: Transport = "http",
-        retry: RetryPolicy = _DEFAULT_RETRY,
+        retry: RetryPolicy = DEFAULT_RETRY,
         connect_timeout: float = 3.05,
         read_timeout: float = 10.0,
         allow_insecure_http: bool = False,
         pool_maxsize: int = 64,
     ) -> None:
-        secret = header_credential(token, "claim queue bearer token")
+        super().__init__(base_url, token, retry=retry, connect_timeout=connect_timeout,
+                         read_timeout=read_timeout, allow_insecure_http=allow_insecure_http,
+                         pool_maxsize=pool_maxsize)
         if transport not in ("http", "socket"):
             raise ConfigurationError(f"claim queue transport must be http or socket, got {transport!r}")
-        self._token = secret
+        self._token = self._credential  # the same SecretStr: the work socket's handshake credential
         self.worker_id = worker_id
         self.transport: Transport = transport
-        self._retry = retry
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
-        self._http = HttpTransport(base_url, connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                   pool_maxsize=pool_maxsize, allow_insecure_http=allow_insecure_http)
         self._sockets: dict[str, ClaimQueueSocket] = {}
         self._sockets_lock = threading.Lock()
 
-    def __repr__(self) -> str:
-        return (f"ClaimQueueClient(base_url={self._http.base_url!r}, worker_id={self.worker_id!r}, "
-                f"transport={self.transport!r}, token=SecretStr('**********'))")
+    def _repr_fields(self) -> Mapping[str, object]:
+        return {"worker_id": self.worker_id, "transport": self.transport}
 
     @property
     def calls(self) -> Mapping[str, int]:
         """HTTP calls made so far, per endpoint label (socket messages are not counted)."""
-        return self._http.calls
+        return self._transport.calls
 
     # -- work ------------------------------------------------------------------------
     def pull(self, request: PullRequest) -> list[Delivery]:
@@ -294,13 +292,13 @@ class ClaimQueueClient(WorkerProtocol):
         once finished, ``result``. Retried like a report (a read is safe to repeat).
         """
         path = self._path("items.get", queue, item_id)
-        data = retry_call(lambda _n: self._call("GET", "items.get", path, None, job_id=item_id), self._retry)
+        data = self._retrying(lambda _n: self._call("GET", "items.get", path, None, job_id=item_id))
         return self._parse(ItemStatus, data, endpoint="items.get")
 
     def close(self) -> None:
         """Close the HTTP session and every work socket (which re-queues what is leased on it)."""
         self.release()
-        self._http.close()
+        super().close()
 
     # -- plumbing ------------------------------------------------------------------------
     def _claim_one(self, queue: str, criteria: dict[str, Any] | None) -> Delivery | None:
@@ -352,7 +350,7 @@ class ClaimQueueClient(WorkerProtocol):
                 maybe_applied = maybe_applied or err.ambiguous
                 raise
 
-        accepted, status = retry_call(attempt, self._retry)
+        accepted, status = self._retrying(attempt)
         if accepted:
             return ReportReceipt(accepted=True, status=status)
         if maybe_applied:
@@ -392,7 +390,7 @@ class ClaimQueueClient(WorkerProtocol):
         with self._sockets_lock:
             sock = self._sockets.get(queue)
             if sock is None:
-                base = self._http.base_url
+                base = self.base_url
                 scheme = "wss" if base.startswith("https://") else "ws"
                 url = scheme + base[base.index("://"):] + self._path("work", queue)
                 # websockets is the local extra, not in the Lambda layer (Lambda uses http).
@@ -404,11 +402,11 @@ class ClaimQueueClient(WorkerProtocol):
             return sock
 
     def _call(self, method: str, endpoint: str, path: str, body: Any, *, job_id: str = "") -> dict[str, Any]:
-        response = self._http.request(method, path, endpoint=endpoint, json_body=body,
-                                      headers={"Authorization": f"Bearer {self._token.get_secret_value()}"})
+        response = self._transport.request(method, path, endpoint=endpoint, json_body=body,
+                                      headers={"Authorization": f"Bearer {self._secret()}"})
         return raise_for_answer(response.status, _decode(response), endpoint=endpoint, job_id=job_id,
                                  retry_after=response.retry_after,
-                                 secrets=(self._token.get_secret_value(),))
+                                 secrets=(self._secret(),))
 
     @staticmethod
     def _parse(model: type[M], data: dict[str, Any], *, endpoint: str) -> M:

@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
+from .. import logsafety
 from ..errors import ProtocolViolationError, ServerUnavailableError
 from ._http import DEFAULT_MAX_RESPONSE_BYTES
 from .claimqueue_models import SocketAck, SocketItem, raise_for_answer
@@ -45,10 +46,9 @@ __all__ = ["ClaimQueueSocket"]
 log = logging.getLogger("serverless_worker.protocols.claimqueue")
 
 # websockets logs the handshake's request headers (our Authorization header) and every
-# frame at DEBUG. Its connections log here instead, a logger pinned at INFO, so that
-# turning on DEBUG logging for the application never prints the bearer token.
-_WIRE_LOG = logging.getLogger("serverless_worker.protocols.claimqueue.wire")
-_WIRE_LOG.setLevel(logging.INFO)
+# frame at DEBUG. Its connections log to logsafety's wire logger instead, held at INFO and
+# redacted, so that turning on DEBUG logging never prints the bearer token.
+_WIRE_LOG = logging.getLogger(logsafety.WIRE_LOGGER)
 
 _KNOWN_TYPES = frozenset({"item", "empty", "progress-ack", "result-ack", "error"})
 

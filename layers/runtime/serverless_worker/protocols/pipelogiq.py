@@ -44,7 +44,7 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, HttpTransport, RetryPolicy, header_credential, retry_call
+from ._http import HttpResponse, RetryPolicy
 from .base import (
     Delivery,
     Lease,
@@ -53,9 +53,9 @@ from .base import (
     SessionState,
     WorkerEvent,
     WorkerIdentity,
-    WorkerProtocol,
     WorkerStatus,
 )
+from .http_client import DEFAULT_RETRY, HttpProtocolClient
 from .pipelogiq_models import (
     MAX_RESULT_BYTES,
     MAX_RESULT_REQUEST_BYTES,
@@ -121,7 +121,7 @@ def _decode_error(err: ValidationError) -> _DecodeError:
     return _DecodeError("; ".join(parts)[:500])
 
 
-class PipelogiqClient(WorkerProtocol):
+class PipelogiqClient(HttpProtocolClient):
     """A Pipelogiq HTTP worker over one pooled HTTP session.
 
     The session (worker id and session token) is adopted by :meth:`open_session` or
@@ -136,38 +136,30 @@ class PipelogiqClient(WorkerProtocol):
     long_poll: ClassVar[bool] = True  # the server waits up to waitSeconds for work
     max_events_per_batch: ClassVar[int] = 200
 
+    credential_label: ClassVar[str] = "Pipelogiq API key"
+
     def __init__(
         self,
         base_url: str,
         api_key: SecretStr | str,
         *,
         session_ttl_seconds: float = 86400,
-        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen dataclass, safe as default
+        retry: RetryPolicy = DEFAULT_RETRY,
         connect_timeout: float = 3.05,
         read_timeout: float = 10.0,
         allow_insecure_http: bool = False,
         pool_maxsize: int = 64,
     ) -> None:
-        secret = header_credential(api_key, "Pipelogiq API key")
+        super().__init__(base_url, api_key, retry=retry, connect_timeout=connect_timeout,
+                         read_timeout=read_timeout, allow_insecure_http=allow_insecure_http,
+                         pool_maxsize=pool_maxsize)
         if session_ttl_seconds <= 0:
             raise ConfigurationError("session_ttl_seconds must be positive")
-        self._api_key = secret
         self._session_ttl = session_ttl_seconds
-        self._retry = retry
-        self._read_timeout = read_timeout
         self._session: SessionState | None = None
-        self._http = HttpTransport(base_url, connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                   pool_maxsize=pool_maxsize, allow_insecure_http=allow_insecure_http)
 
-    def __repr__(self) -> str:
-        worker = self._session.worker_id if self._session else None
-        return (f"PipelogiqClient(base_url={self._http.base_url!r}, worker_id={worker!r}, "
-                f"api_key=SecretStr('**********'))")
-
-    @property
-    def calls(self) -> Mapping[str, int]:
-        """HTTP calls made so far, per endpoint label."""
-        return self._http.calls
+    def _repr_fields(self) -> Mapping[str, object]:
+        return {"worker_id": self._session.worker_id if self._session else None}
 
     @property
     def session(self) -> SessionState | None:
@@ -193,12 +185,12 @@ class PipelogiqClient(WorkerProtocol):
 
         def call(_attempt: int) -> tuple[float, BootstrapResponse]:
             issued = _now()
-            response = self._http.request("POST", "/workers/bootstrap", endpoint="bootstrap",
+            response = self._transport.request("POST", "/workers/bootstrap", endpoint="bootstrap",
                                           json_body=body, headers=self._key_headers())
             self._raise_for_status(response, credential="key")
             return issued, self._decode(response, BootstrapResponse)
 
-        issued, answer = retry_call(call, self._retry)
+        issued, answer = self._retrying(call)
         expires = (answer.sessionExpiresAt.timestamp() if answer.sessionExpiresAt
                    else issued + self._session_ttl)
         state = SessionState(
@@ -241,7 +233,7 @@ class PipelogiqClient(WorkerProtocol):
             jobsFailed=status.failed,
             uptimeSeconds=int(status.uptime_seconds) if status.uptime_seconds is not None else None,
         ).wire()
-        response = self._http.request("POST", "/workers/heartbeat", endpoint="heartbeat", json_body=body,
+        response = self._transport.request("POST", "/workers/heartbeat", endpoint="heartbeat", json_body=body,
                                       headers=self._session_headers())
         self._raise_for_status(response, credential="session")
 
@@ -261,7 +253,7 @@ class PipelogiqClient(WorkerProtocol):
         for _ in range(request.max_items):
             body = PullBody(queue=queue, waitSeconds=wait).wire()
             try:
-                response = self._http.request("POST", "/jobs/pull", endpoint="pull", json_body=body,
+                response = self._transport.request("POST", "/jobs/pull", endpoint="pull", json_body=body,
                                               headers=self._key_headers(),
                                               read_timeout=wait + max(self._read_timeout, _LONG_POLL_MARGIN))
                 if response.status == 204:
@@ -396,13 +388,13 @@ class PipelogiqClient(WorkerProtocol):
 
     def renew(self, delivery: Delivery) -> Lease:
         """Extend the lease; retried on transient failures (renewing twice is harmless)."""
-        return retry_call(lambda _attempt: self._lease_call(delivery, "renew"), self._retry)
+        return self._retrying(lambda _attempt: self._lease_call(delivery, "renew"))
 
     def _lease_call(self, delivery: Delivery, op: Literal["acquire", "renew"]) -> Lease:
         label = f"lease.{op}"
         body = LeaseBody(executionId=_wire_str(delivery, "executionId"),
                          workerId=self._require_session().worker_id).wire()
-        response = self._http.request("POST", f"/stages/{_stage_id(delivery)}/lease/{op}", endpoint=label,
+        response = self._transport.request("POST", f"/stages/{_stage_id(delivery)}/lease/{op}", endpoint=label,
                                       json_body=body, headers=self._session_headers())
         self._raise_for_status(response, credential="session", expected=(200,),
                                subject=f"job {delivery.job_id}")
@@ -437,14 +429,14 @@ class PipelogiqClient(WorkerProtocol):
         path = f"/stages/{_stage_id(delivery)}/result"
 
         def call(attempt: int) -> ReportReceipt:
-            response = self._http.request("POST", path, endpoint="result", data=data, headers=headers)
+            response = self._transport.request("POST", path, endpoint="result", data=data, headers=headers)
             self._raise_for_status(response, credential="both", expected=(202,),
                                    subject=f"job {delivery.job_id}")
             return ReportReceipt(accepted=True, status="accepted",
                                  detail={"isSuccess": body.isSuccess, "errorCode": body.errorCode,
                                          "attempts": attempt})
 
-        return retry_call(call, self._retry)
+        return self._retrying(call)
 
     # -- ack ---------------------------------------------------------------------------------
     def acknowledge(self, delivery: Delivery) -> None:
@@ -479,7 +471,7 @@ class PipelogiqClient(WorkerProtocol):
         def call(attempt: int) -> None:
             nonlocal maybe_applied
             try:
-                response = self._http.request("POST", "/jobs/ack", endpoint="ack", json_body=body)
+                response = self._transport.request("POST", "/jobs/ack", endpoint="ack", json_body=body)
                 self._raise_for_status(response, credential="token", expected=(200,),
                                        subject=f"delivery of job {job_id}" if job_id else "delivery",
                                        redact=(token.get_secret_value(),))
@@ -493,7 +485,7 @@ class PipelogiqClient(WorkerProtocol):
                         "most likely went through", endpoint="ack", status=404) from err
                 raise
 
-        retry_call(call, self._retry)
+        self._retrying(call)
 
     def _ack_quietly(self, token: SecretStr) -> None:
         try:
@@ -517,15 +509,12 @@ class PipelogiqClient(WorkerProtocol):
                 self._session_post("/workers/events", "events", body)
 
             # Retried: a duplicated activity-feed entry after a lost answer is harmless.
-            retry_call(call, self._retry)
+            self._retrying(call)
 
     def shutdown(self, reason: str) -> None:
         """Mark the worker stopped. It records lifecycle state; the session stays valid."""
         body = ShutdownBody(workerId=self._require_session().worker_id, reason=reason).wire()
-        retry_call(lambda _attempt: self._session_post("/workers/shutdown", "shutdown", body), self._retry)
-
-    def close(self) -> None:
-        self._http.close()
+        self._retrying(lambda _attempt: self._session_post("/workers/shutdown", "shutdown", body))
 
     # -- pipelines: reconciliation, tests and demos --------------------------------------------------
     def reconcile(self, delivery: Delivery) -> dict[str, Any] | None:
@@ -545,13 +534,13 @@ class PipelogiqClient(WorkerProtocol):
         """``GET /pipelines/{id}``: ``{id, status, stages, ...}``; the way to confirm an outcome."""
 
         def call(_attempt: int) -> dict[str, Any]:
-            response = self._http.request("GET", f"/pipelines/{int(pipeline_id)}", endpoint="pipelines.get",
+            response = self._transport.request("GET", f"/pipelines/{int(pipeline_id)}", endpoint="pipelines.get",
                                           headers=self._key_headers())
             self._raise_for_status(response, credential="key", expected=(200,),
                                    subject=f"pipeline {int(pipeline_id)}")
             return self._decode(response, PipelineStatus).model_dump(mode="json")
 
-        return retry_call(call, self._retry)
+        return self._retrying(call)
 
     def create_pipeline(self, name: str, stages: Sequence[StageSpec | Mapping[str, Any]], *,
                         idempotency_key: str | None = None) -> dict[str, Any]:
@@ -566,13 +555,13 @@ class PipelogiqClient(WorkerProtocol):
         ).wire()
 
         def call(_attempt: int) -> dict[str, Any]:
-            response = self._http.request("POST", "/pipelines/idempotent", endpoint="pipelines.create",
+            response = self._transport.request("POST", "/pipelines/idempotent", endpoint="pipelines.create",
                                           json_body=body, headers=self._key_headers())
             self._raise_for_status(response, credential="key", expected=(200, 201))
             created = self._decode(response, PipelineCreated)
             return {"pipeline": created.pipeline.model_dump(mode="json"), "created": response.status == 201}
 
-        return retry_call(call, self._retry)
+        return self._retrying(call)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _require_session(self) -> SessionState:
@@ -581,13 +570,13 @@ class PipelogiqClient(WorkerProtocol):
         return self._session
 
     def _key_headers(self) -> dict[str, str]:
-        return {"X-API-Key": self._api_key.get_secret_value()}
+        return {"X-API-Key": self._secret()}
 
     def _session_headers(self) -> dict[str, str]:
         return {"X-Worker-Session": self._require_session().token.get_secret_value()}
 
     def _session_post(self, path: str, label: str, body: dict[str, Any]) -> None:
-        response = self._http.request("POST", path, endpoint=label, json_body=body,
+        response = self._transport.request("POST", path, endpoint=label, json_body=body,
                                       headers=self._session_headers())
         self._raise_for_status(response, credential="session")
 
@@ -649,7 +638,7 @@ class PipelogiqClient(WorkerProtocol):
         error = data.get("error") if isinstance(data, dict) else None
         if not isinstance(error, str):
             return ""
-        secrets = [self._api_key.get_secret_value(), *redact]
+        secrets = [self._secret(), *redact]
         if self._session is not None:
             secrets.append(self._session.token.get_secret_value())
         for secret in secrets:

@@ -18,7 +18,6 @@ Paths the documents do not give, chosen here and isolated in ``_PATHS``:
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Literal, NoReturn, TypeVar
@@ -39,16 +38,16 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, HttpTransport, RetryPolicy, header_credential, retry_call
+from ._http import HttpResponse, RetryPolicy
 from .base import (
     Delivery,
     PullRequest,
     ReportReceipt,
     SessionState,
     WorkerIdentity,
-    WorkerProtocol,
     WorkerStatus,
 )
+from .http_client import DEFAULT_RETRY, HttpProtocolClient
 from .priostack_models import (
     ActivateRequest,
     ActivateResponse,
@@ -85,35 +84,15 @@ _PATHS = {
     "workers.list": "/workers",
 }
 
-_QUERY_KEY = re.compile(r"(api_key=)[^&\s\"']+", re.IGNORECASE)
 
-
-class _RedactQueryKey(logging.Filter):
-    """urllib3 logs request URLs at DEBUG; in query-auth mode those carry the key."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record is not ours to fix
-            return True
-        if "api_key=" in message.lower():
-            record.msg, record.args = _QUERY_KEY.sub(r"\1[redacted]", message), ()
-        return True
-
-
-_REDACTOR = _RedactQueryKey()
-for _name in ("urllib3.connectionpool", "urllib3.util.retry", "urllib3.connection", "urllib3.response"):
-    if _REDACTOR not in logging.getLogger(_name).filters:
-        logging.getLogger(_name).addFilter(_REDACTOR)
-
-
-class PriostackClient(WorkerProtocol):
+class PriostackClient(HttpProtocolClient):
     """A Priostack worker over one pooled HTTP session.
 
     ``auth`` picks where the API key goes: ``X-API-Key`` (default), ``Authorization:
     Bearer`` or the ``api_key`` query parameter. The query form is supported because the
     documents list it; it puts the key in the URL, so in that mode transport errors are
-    re-raised without their chained cause and urllib3's URL logging is redacted.
+    re-raised without their chained cause, and urllib3's URL logging is redacted by
+    ``logsafety``.
     """
 
     name: ClassVar[str] = "priostack"
@@ -124,6 +103,8 @@ class PriostackClient(WorkerProtocol):
     batch_pull: ClassVar[bool] = True  # activate hands out up to maxJobsToActivate
     empty_poll_backoff: ClassVar[float] = 5.0  # "sleep 1 to 5 seconds before the next poll": at most 5
 
+    credential_label: ClassVar[str] = "Priostack API key"
+
     def __init__(
         self,
         base_url: str,
@@ -133,34 +114,26 @@ class PriostackClient(WorkerProtocol):
         api_prefix: str = "/api/v1",
         register: bool = False,
         group_name: str | None = None,
-        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen dataclass, safe as default
+        retry: RetryPolicy = DEFAULT_RETRY,
         connect_timeout: float = 3.05,
         read_timeout: float = 10.0,
         allow_insecure_http: bool = False,
         pool_maxsize: int = 64,
     ) -> None:
-        secret = header_credential(api_key, "Priostack API key")
+        super().__init__(base_url, api_key, retry=retry, connect_timeout=connect_timeout,
+                         read_timeout=read_timeout, allow_insecure_http=allow_insecure_http,
+                         pool_maxsize=pool_maxsize)
         if auth not in ("header", "bearer", "query"):
             raise ConfigurationError(f"Priostack auth must be header, bearer or query, got {auth!r}")
-        self._api_key = secret
         self._auth: AuthMode = auth
         stripped = api_prefix.strip("/")
         self._prefix = f"/{stripped}" if stripped else ""
         self._register = register
         self._group_name = group_name
-        self._retry = retry
         self.worker_id: str | None = None
-        self._transport = HttpTransport(base_url, connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                        pool_maxsize=pool_maxsize, allow_insecure_http=allow_insecure_http)
 
-    def __repr__(self) -> str:
-        return (f"PriostackClient(base_url={self._transport.base_url!r}, auth={self._auth!r}, "
-                f"api_prefix={self._prefix!r}, api_key=SecretStr('**********'))")
-
-    @property
-    def calls(self) -> Mapping[str, int]:
-        """HTTP calls made so far, per endpoint label."""
-        return self._transport.calls
+    def _repr_fields(self) -> Mapping[str, object]:
+        return {"auth": self._auth, "api_prefix": self._prefix}
 
     # -- session -------------------------------------------------------------------
     def open_session(self, identity: WorkerIdentity) -> SessionState | None:
@@ -267,9 +240,6 @@ class PriostackClient(WorkerProtocol):
     def discard(self, delivery: Delivery) -> None:
         """Nothing to do: the execution that holds the job reports it."""
 
-    def close(self) -> None:
-        self._transport.close()
-
     # -- low-level job calls -----------------------------------------------------------
     def complete(self, key: str, variables: dict[str, Any] | None = None) -> None:
         """Complete a job (204, empty body), retrying ambiguous failures with the same body.
@@ -312,7 +282,7 @@ class PriostackClient(WorkerProtocol):
                                              status=response.status)
             return [Incident.model_validate(item) for item in data if isinstance(item, dict)]
 
-        return retry_call(lambda _attempt: call(), self._retry)
+        return self._retrying(lambda _attempt: call())
 
     def get_process_instance(self, key: str) -> ProcessInstance:
         return self._read(lambda: self._send("GET", "process-instances.get", key=key), ProcessInstance)
@@ -324,7 +294,7 @@ class PriostackClient(WorkerProtocol):
         path = self._prefix + _PATHS[label].format(key=quote(key or "", safe=""))
         headers: dict[str, str] = {}
         params: dict[str, str] | None = None
-        secret = self._api_key.get_secret_value()
+        secret = self._secret()
         if self._auth == "header":
             headers["X-API-Key"] = secret
         elif self._auth == "bearer":
@@ -361,11 +331,11 @@ class PriostackClient(WorkerProtocol):
                         endpoint=label, status=404) from err
                 raise
 
-        retry_call(attempt, self._retry)
+        self._retrying(attempt)
 
     def _read(self, call: Callable[[], HttpResponse], model: type[M]) -> M:
         """A GET, safe to retry."""
-        return retry_call(lambda _attempt: self._decode_answer(call(), model), self._retry)
+        return self._retrying(lambda _attempt: self._decode_answer(call(), model))
 
     def _decode_answer(self, response: HttpResponse, model: type[M]) -> M:
         self._raise_for_status(response)
