@@ -1,5 +1,8 @@
 """All DynamoDB access of the project: one table (``StateTable`` in template.yaml).
 
+The Lambda backend of the state-store contract (``state/contract.py``); the SQLite one is
+``state/sqlite_store.py``. The rules both share live in ``state/rules.py``.
+
 Item design (``pk`` partition key, ``sk`` sort key, both strings):
 
 =====================================  ==========  ==============================================
@@ -53,7 +56,7 @@ too large is replaced by a ``FAILURE`` outcome saying so, which does fit.
 
 Example::
 
-    store = StateStore.from_env()          # TABLE_NAME from the function's environment
+    store = DynamoStateStore.from_env()          # TABLE_NAME from the function's environment
     key = store.record_delivery(delivery, instance="blue", deadline=now + 60, dispatch_mode="invoke")
 """
 
@@ -96,16 +99,26 @@ from .keys import (
     session_key,
     sort_key_for,
 )
+from .rules import (
+    EXPIRED_RETENTION_SECONDS,
+    FINAL_RETENTION_SECONDS,
+    HANDBACK_EPOCH_PREFIX,
+    NOT_COUNTERS,
+    UNFIT_PREFIX,
+    check_counter_deltas,
+    in_doubt,
+    unfit_attribute,
+)
 
-__all__ = ["EXPIRED_RETENTION_SECONDS", "FINAL_RETENTION_SECONDS", "StateStore", "check_counter_deltas"]
-
-# Epoch prefix of ledger claims taken only to hand a delivery back (runtime.settle).
-HANDBACK_EPOCH_PREFIX = "handback:"
+__all__ = [
+    "EXPIRED_RETENTION_SECONDS",
+    "FINAL_RETENTION_SECONDS",
+    "HANDBACK_EPOCH_PREFIX",
+    "DynamoStateStore",
+    "check_counter_deltas",
+]
 
 log = logging.getLogger("serverless_worker.state")
-
-FINAL_RETENTION_SECONDS = 7 * 86400    # a settled ledger item stays this long (duplicate detection, audit)
-EXPIRED_RETENTION_SECONDS = 86400      # sessions and locks linger this long past their own expiry
 
 # Every call has a timeout; throttling and 5xx are retried by botocore's standard mode.
 # No client-side parameter validation: DynamoDB validates every request itself (a bad one
@@ -116,8 +129,6 @@ _CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "st
 
 _NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
 _VALUE = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
-_COUNTER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_NOT_COUNTERS = frozenset({PK, SK, TTL, "updated_at"})
 _BATCH_GET_MAX = 100
 
 # A run's fence: the item is running and this epoch owns it.
@@ -127,8 +138,10 @@ _UNREPORTED = "#status IN (:recorded, :dispatched, :dispatch_failed, :running, :
 _STATUS_VALUES = {status.name.lower(): status.value for status in LedgerStatus}
 
 
-class StateStore:
-    """The worker's state in one DynamoDB table; the client is built once when not given.
+class DynamoStateStore:
+    """The worker's state in one DynamoDB table (the Lambda backend of ``contract.StateStore``).
+
+    The client is built once when not given.
 
     ``clock`` is the time source for every timestamp and expiry check (tests pass a fake
     one). ``ops`` counts the DynamoDB requests made, as ``"read"`` and ``"write"``.
@@ -150,7 +163,7 @@ class StateStore:
         self._ops_lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, *, client: Any = None, clock: Callable[[], float] = time.time) -> StateStore:
+    def from_env(cls, *, client: Any = None, clock: Callable[[], float] = time.time) -> DynamoStateStore:
         """Build from ``TABLE_NAME`` (template.yaml passes the table's name to every function)."""
         name = os.environ.get("TABLE_NAME", "")
         if not name:
@@ -371,7 +384,7 @@ class StateStore:
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
         # A report follows a stored outcome; a second reporter finds it already reported.
         update = "SET #report = :report, #status = :reported, #reported_at = :now, #updated_at = :now"
-        if _in_doubt(receipt):
+        if in_doubt(receipt):
             update += ", #unknown_to_server = :yes"  # the job may come back: see record_delivery
         return self._transition(key, update, "#status = :outcome_stored",
                                 report=dumps(receipt.model_dump(mode="json")), yes=True)
@@ -385,7 +398,7 @@ class StateStore:
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
         # Report and acknowledgement of a stored outcome recorded together, once. A report the
         # server did not know marks the item so that the job's return is recorded again.
-        not_found = _in_doubt(receipt)
+        not_found = in_doubt(receipt)
         condition = "#status IN (:outcome_stored, :reported)"
         if not_found:
             # Not while a redelivery is noted: the report is due again (see record_delivery).
@@ -472,7 +485,7 @@ class StateStore:
 
     def read_counters(self, protocol: str, instance: str) -> dict[str, int]:
         attrs = self._get(counters_key(protocol, instance)) or {}
-        return {name: int(value) for name, value in attrs.items() if name not in _NOT_COUNTERS}
+        return {name: int(value) for name, value in attrs.items() if name not in NOT_COUNTERS}
 
     def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
         """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool,
@@ -480,7 +493,7 @@ class StateStore:
         attrs = self._get(control_key(protocol, instance)) or {}
         unfit = {}
         for name, value in attrs.items():
-            if name.startswith(_UNFIT_PREFIX):
+            if name.startswith(UNFIT_PREFIX):
                 record = json.loads(value)
                 unfit[record["handler"]] = record["reason"]
         return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
@@ -489,7 +502,7 @@ class StateStore:
     def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
         """Stop pulling for ``handler``: its timeout can never fit (``runtime.fit``). ``True``
         when this call set it (the first executor to find out), ``False`` when already set."""
-        attribute = _unfit_attribute(handler)
+        attribute = unfit_attribute(handler)
         update = f"SET #{attribute} = :record, #updated_at = :now"
         # One attribute per handler, set once: two executors finding it at once never lose either.
         condition = f"attribute_not_exists(#{attribute})"
@@ -500,7 +513,7 @@ class StateStore:
     def clear_unfit(self, protocol: str, instance: str) -> None:
         """Pull for every handler again (the operator fixed the timeouts)."""
         pk = control_key(protocol, instance)
-        names = [name for name in (self._get(pk) or {}) if name.startswith(_UNFIT_PREFIX)]
+        names = [name for name in (self._get(pk) or {}) if name.startswith(UNFIT_PREFIX)]
         if names:
             # No condition: an operator flag, last writer wins.
             self._update(pk, "SET #updated_at = :now REMOVE " + ", ".join(f"#{n}" for n in names), None,
@@ -658,32 +671,6 @@ class StateStore:
                 return items
             time.sleep(min(1.0, 0.05 * 2**attempt))  # unprocessed keys are throttling: back off
         raise StateStoreError(f"DynamoDB batch_get_item for {scope} left keys unprocessed after 8 attempts")
-
-
-def check_counter_deltas(deltas: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for a counter name DynamoDB or the item cannot take, or a non-int delta."""
-    for name, delta in deltas.items():
-        if not _COUNTER.fullmatch(name) or name in _NOT_COUNTERS:
-            raise ValueError(f"invalid counter name {name!r}")
-        if not isinstance(delta, int) or isinstance(delta, bool):
-            raise ValueError(f"counter {name} delta must be an int, got {delta!r}")
-
-
-_UNFIT_PREFIX = "unfit_"
-
-
-def _in_doubt(receipt: ReportReceipt) -> bool:
-    """The server answered "not found" (first try, or after an ambiguous one): it may have
-    forgotten the delivery (a Priostack restart), so the job may come back and must then be
-    recorded again, with our outcome, instead of dropped as a duplicate."""
-    return receipt.status in ("not_found", "already_applied")
-
-
-def _unfit_attribute(handler: str) -> str:
-    """The control item's attribute for one handler (names may hold dots, so a digest)."""
-    import hashlib
-
-    return _UNFIT_PREFIX + hashlib.sha256(handler.encode()).hexdigest()[:16]
 
 
 def _unreported(epoch: str | None) -> str:
