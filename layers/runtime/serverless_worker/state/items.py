@@ -73,7 +73,8 @@ def to_attribute(value: Any) -> dict[str, Any]:
     """One Python scalar as an AttributeValue (floats go through ``Decimal(repr(x))``)."""
     if isinstance(value, float):
         value = Decimal(repr(value))
-    return _serializer.serialize(value)
+    attribute: dict[str, Any] = _serializer.serialize(value)
+    return attribute
 
 
 def to_item(attributes: dict[str, Any]) -> dict[str, Any]:
