@@ -35,7 +35,7 @@ from typing import Any
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
-from .items import DispatchMode, LedgerItem, LedgerStatus, dumps, item_size, to_item
+from .items import DispatchMode, LedgerItem, LedgerStatus, compact_model, dumps, item_size, to_item
 from .keys import (
     DEADLINE,
     ITEM_MAX_BYTES,
@@ -425,7 +425,7 @@ class SqliteStateStore:
 
     def store_outcome(self, key: str, epoch: str, outcome: Outcome) -> None:
         now = self._clock()
-        patch = _Patch().remove("checkpoint").set(outcome=dumps(outcome.model_dump(mode="json")),
+        patch = _Patch().remove("checkpoint").set(outcome=compact_model(outcome),
                                                   status=LedgerStatus.OUTCOME_STORED.value, updated_at=now,
                                                   finished_at=now)
         self._fenced(key, epoch, patch, "the outcome")
@@ -433,7 +433,7 @@ class SqliteStateStore:
     # -- delivery ledger: settling ------------------------------------------------
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
         now = self._clock()
-        patch = _Patch().set(report=dumps(receipt.model_dump(mode="json")), status=LedgerStatus.REPORTED.value,
+        patch = _Patch().set(report=compact_model(receipt), status=LedgerStatus.REPORTED.value,
                              reported_at=now, updated_at=now)
         if in_doubt(receipt):
             patch.set(unknown_to_server=True)  # the job may come back: see record_delivery
@@ -447,7 +447,7 @@ class SqliteStateStore:
         if not_found:
             condition = f"({condition}) AND NOT ({_exists('redelivered')})"
         return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
-                           report=dumps(receipt.model_dump(mode="json")), unknown_to_server=not_found)
+                           report=compact_model(receipt), unknown_to_server=not_found)
 
     def clear_redelivered(self, key: str) -> bool:
         return self._transition(key, _Patch().remove("redelivered").set(updated_at=self._clock()),
