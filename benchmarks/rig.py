@@ -90,7 +90,7 @@ class RuntimeRig:
         from serverless_worker.runtime.scheduler import Scheduler
         from serverless_worker.runtime.services import Services
         from serverless_worker.settings import Settings
-        from serverless_worker.state import StateStore
+        from serverless_worker.state import DynamoStateStore
 
         defaults = template_defaults()
         self._aws = aws
@@ -100,7 +100,7 @@ class RuntimeRig:
             instance_id=f"bench-{uuid.uuid4().hex[:8]}", batch_size=batch_size, max_in_flight=max_in_flight,
             executor_reserved_concurrency=concurrency, poll_window_seconds=poll_window, table_name=self.table,
             **(settings or {}))
-        self.store = StateStore(self.table, client=aws.dynamodb)
+        self.store = DynamoStateStore(self.table, client=aws.dynamodb)
         self.store_calls = CallCounter(self.store, [n for n in STORE_OPERATIONS if hasattr(self.store, n)])
         self.observer = RunObserver()
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(

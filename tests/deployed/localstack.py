@@ -21,7 +21,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from serverless_worker.state import StateStore
+from serverless_worker.state import DynamoStateStore
 
 __all__ = ["REGION", "ROOT", "DeployedStack", "Sam", "clients", "install_test_handlers", "log_lines"]
 
@@ -125,8 +125,8 @@ class DeployedStack:
     def table_name(self) -> str:
         return self.outputs["StateTableName"]
 
-    def store(self) -> StateStore:
-        return StateStore(self.table_name, client=self.dynamodb)
+    def store(self) -> DynamoStateStore:
+        return DynamoStateStore(self.table_name, client=self.dynamodb)
 
     def alias(self, logical: str) -> str:
         """The `live` alias of a function: what the schedule and the stack invoke."""

@@ -1,15 +1,21 @@
-"""Every state-store test runs twice: on moto, and on DynamoDB Local (AWS's own engine).
+"""Every state-store test runs on each backend of the one contract (state/contract.py):
+DynamoDB on moto and on DynamoDB Local (AWS's own engine), and SQLite on a file in tmp_path.
 
-Both tables are created from template.yaml's ``StateTable`` by ``support.dynamodb``.
+Both DynamoDB tables are created from template.yaml's ``StateTable`` by ``support.dynamodb``.
+Tests that read DynamoDB itself (``ddb``, ``table``) are skipped on SQLite: they check the
+table or the DynamoDB backend's own client handling, not the contract.
 DynamoDB Local is skipped, with the reason printed, only where java or the jar is
 missing and ``CI`` is not set; in CI a missing jar fails the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -18,11 +24,12 @@ from moto import mock_aws
 from pydantic import SecretStr
 
 from serverless_worker.protocols.base import Delivery
-from serverless_worker.state import StateStore
+from serverless_worker.state import DynamoStateStore, SqliteStateStore, StateStore
+from serverless_worker.state.items import to_item
 from support.dynamodb import CreatedTable, create_state_table
 from support.dynamodb_local import REGION, DynamoDBLocal, unavailable_reason
 
-BACKENDS = ["moto", pytest.param("dynamodb_local", marks=pytest.mark.dynamodb_local)]
+BACKENDS = ["moto", pytest.param("dynamodb_local", marks=pytest.mark.dynamodb_local), "sqlite"]
 
 
 class FakeClock:
@@ -77,6 +84,8 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def ddb(request: pytest.FixtureRequest, backend: str) -> Iterator[Any]:
     """A low-level DynamoDB client for the backend under test."""
+    if backend == "sqlite":
+        pytest.skip("reads DynamoDB itself: not part of the contract the SQLite backend shares")
     if backend == "moto":
         with mock_aws():
             yield request.getfixturevalue("moto_client")
@@ -99,13 +108,36 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def store(ddb: Any, table: CreatedTable, clock: FakeClock) -> StateStore:
-    return StateStore(table.name, client=ddb, clock=clock)
+def sqlite_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
 
 
 @pytest.fixture
-def raw_item(ddb: Any, table: CreatedTable) -> Callable[[str, str], dict[str, Any] | None]:
-    """Read an item as DynamoDB holds it, bypassing the store's own expiry checks."""
+def store(request: pytest.FixtureRequest, backend: str, clock: FakeClock) -> Iterator[StateStore]:
+    """The backend under test, behind the contract."""
+    if backend == "sqlite":
+        sqlite_store = SqliteStateStore(request.getfixturevalue("sqlite_path"), clock=clock)
+        yield sqlite_store
+        sqlite_store.close()
+        return
+    table: CreatedTable = request.getfixturevalue("table")
+    yield DynamoStateStore(table.name, client=request.getfixturevalue("ddb"), clock=clock)
+
+
+@pytest.fixture
+def raw_item(request: pytest.FixtureRequest, backend: str) -> Callable[[str, str], dict[str, Any] | None]:
+    """Read an item as the backend holds it (DynamoDB's wire form), bypassing the store's expiry checks."""
+    if backend == "sqlite":
+        path = request.getfixturevalue("sqlite_path")
+
+        def _read_row(pk: str, sk: str) -> dict[str, Any] | None:
+            with sqlite3.connect(path) as db:
+                row = db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
+            doc = json.loads(row[0]) if row else None
+            return to_item(doc) if doc is not None and doc.get("sk") == sk else None
+
+        return _read_row
+    ddb, table = request.getfixturevalue("ddb"), request.getfixturevalue("table")
 
     def _read(pk: str, sk: str) -> dict[str, Any] | None:
         item = ddb.get_item(TableName=table.name, Key={"pk": {"S": pk}, "sk": {"S": sk}},

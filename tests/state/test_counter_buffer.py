@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from serverless_worker.runtime.counters import CounterBuffer
-from serverless_worker.state import StateStore
+from serverless_worker.state import DynamoStateStore, StateStore
 
 
 def _buffer(store: StateStore, clock: Any, every: float) -> CounterBuffer:
@@ -66,7 +66,7 @@ def test_flush_writes_what_is_pending_and_read_adds_it(store: StateStore, clock:
 
 
 def test_a_failed_write_keeps_the_counts_and_never_raises(ddb: Any, clock: Any) -> None:
-    missing = StateStore("no-such-table", client=ddb, clock=clock)
+    missing = DynamoStateStore("no-such-table", client=ddb, clock=clock)
     counters = _buffer(missing, clock, 0)
 
     counters.add(processed=1)  # the write fails; the settled job must not

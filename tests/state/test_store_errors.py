@@ -10,13 +10,13 @@ import pytest
 from botocore.config import Config
 
 from serverless_worker.errors import ConfigurationError, ServerlessWorkerError
-from serverless_worker.state import StateStore, StateStoreError
+from serverless_worker.state import DynamoStateStore, StateStoreError
 
 
 def test_from_env_reads_table_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TABLE_NAME", "stack-StateTable-ABC123")
 
-    store = StateStore.from_env()
+    store = DynamoStateStore.from_env()
 
     assert store.table_name == "stack-StateTable-ABC123"
     assert store.ops["read"] == store.ops["write"] == 0
@@ -26,11 +26,11 @@ def test_from_env_without_table_name_is_a_configuration_error(monkeypatch: pytes
     monkeypatch.delenv("TABLE_NAME", raising=False)
 
     with pytest.raises(ConfigurationError, match="TABLE_NAME"):
-        StateStore.from_env()
+        DynamoStateStore.from_env()
 
 
 def test_a_missing_table_is_a_state_store_error(ddb: Any, clock: Any) -> None:
-    store = StateStore("no-such-table", client=ddb, clock=clock)
+    store = DynamoStateStore("no-such-table", client=ddb, clock=clock)
 
     with pytest.raises(StateStoreError) as failed:
         store.get("delivery#pipelogiq#x")
@@ -45,7 +45,7 @@ def test_an_unreachable_endpoint_is_a_state_store_error() -> None:
         port = sock.getsockname()[1]
     client = boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                           config=Config(connect_timeout=0.5, read_timeout=0.5, retries={"max_attempts": 1}))
-    store = StateStore("t", client=client)
+    store = DynamoStateStore("t", client=client)
 
     with pytest.raises(StateStoreError, match="EndpointConnectionError"):
         store.count_in_flight("pipelogiq", "blue")

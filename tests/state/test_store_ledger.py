@@ -11,6 +11,7 @@ from serverless_worker.outcome import Outcome, OutcomeKind
 from serverless_worker.protocols.base import Delivery, ReportReceipt
 from serverless_worker.state import (
     FINAL_RETENTION_SECONDS,
+    DynamoStateStore,
     LedgerStatus,
     StaleWriteError,
     StateStore,
@@ -503,7 +504,7 @@ class _LaggingIndex:
 def test_stranded_trusts_the_full_item_over_a_lagging_index(ddb: Any, table: Any, clock: Any,
                                                             make_delivery: Any) -> None:
     lagging = _LaggingIndex(ddb)
-    store = StateStore(table.name, client=lagging, clock=clock)
+    store = DynamoStateStore(table.name, client=lagging, clock=clock)
     renewed = _running(store, make_delivery("renewed"), "req-1")
     settled = _running(store, make_delivery("settled"), "req-2")
     store.renew_deadline(renewed, "req-1", clock.now + 5)

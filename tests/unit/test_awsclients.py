@@ -16,7 +16,7 @@ from serverless_worker.awsclients import LazyClient, check_region, shared_sessio
 from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError
 from serverless_worker.settings import load_settings
-from serverless_worker.state import StateStore
+from serverless_worker.state import DynamoStateStore
 from support.dynamodb import create_state_table
 
 REGION = "eu-west-1"
@@ -59,7 +59,7 @@ def test_a_store_builds_its_client_on_the_first_call_on_the_shared_session(aws: 
     table = create_state_table(boto3.client("dynamodb", region_name=REGION)).name
     seen = calls_seen("before-call.dynamodb.GetItem")
 
-    store = StateStore(table)
+    store = DynamoStateStore(table)
     client = store._client
     assert isinstance(client, LazyClient) and not client.built
 
@@ -94,7 +94,7 @@ def test_no_region_is_one_configuration_error_from_the_first_call(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # a session that reads the empty config
-    store = StateStore("StateTable")  # building the runtime still works
+    store = DynamoStateStore("StateTable")  # building the runtime still works
 
     with pytest.raises(ConfigurationError, match="no AWS region configured") as raised:
         store.load_session("pipelogiq", "blue")

@@ -14,7 +14,7 @@ from serverless_worker.local.aws import EmbeddedAws
 from serverless_worker.local.observe import RunObserver
 from serverless_worker.local.ttl import TtlSweeper
 from serverless_worker.protocols.base import Delivery
-from serverless_worker.state import FINAL_RETENTION_SECONDS, LedgerStatus, StateStore
+from serverless_worker.state import FINAL_RETENTION_SECONDS, DynamoStateStore, LedgerStatus
 
 RETENTION = 600
 
@@ -41,7 +41,7 @@ def _delivery(ledger_id: str) -> Delivery:
                     attempt=1, payload={"n": 1}, timeout_seconds=30.0, token=SecretStr("t0ken"), wire={})
 
 
-def _settle(store: StateStore, ledger_id: str) -> str:
+def _settle(store: DynamoStateStore, ledger_id: str) -> str:
     key = store.record_delivery(_delivery(ledger_id), instance="local", deadline=store._clock() + 60,
                                 dispatch_mode="invoke")
     assert key is not None
@@ -51,7 +51,7 @@ def _settle(store: StateStore, ledger_id: str) -> str:
 
 def test_sweep_deletes_expired_items_and_keeps_live_ones(aws: EmbeddedAws) -> None:
     clock = Clock()
-    store = StateStore(aws.table_name, client=aws.dynamodb, clock=clock, final_retention_seconds=RETENTION)
+    store = DynamoStateStore(aws.table_name, client=aws.dynamodb, clock=clock, final_retention_seconds=RETENTION)
     old = _settle(store, "old")
     clock.now += 300
     young = _settle(store, "young")
@@ -81,7 +81,7 @@ def test_sweep_deletes_expired_items_and_keeps_live_ones(aws: EmbeddedAws) -> No
 def test_a_redelivery_recorded_after_the_sweep_is_new(aws: EmbeddedAws) -> None:
     """Duplicate detection lasts the retention: after the sweep the same ledger id records again."""
     clock = Clock()
-    store = StateStore(aws.table_name, client=aws.dynamodb, clock=clock, final_retention_seconds=RETENTION)
+    store = DynamoStateStore(aws.table_name, client=aws.dynamodb, clock=clock, final_retention_seconds=RETENTION)
     key = _settle(store, "again")
     assert store.record_delivery(_delivery("again"), instance="local", deadline=clock.now + 60,
                                  dispatch_mode="invoke") is None  # a duplicate within the retention
@@ -93,7 +93,7 @@ def test_a_redelivery_recorded_after_the_sweep_is_new(aws: EmbeddedAws) -> None:
 
 def test_the_stack_keeps_seven_days() -> None:
     assert FINAL_RETENTION_SECONDS == 7 * 86400
-    assert StateStore("t", client=object())._final_retention == FINAL_RETENTION_SECONDS
+    assert DynamoStateStore("t", client=object())._final_retention == FINAL_RETENTION_SECONDS
 
 
 def test_observer_forgets_swept_deliveries() -> None:
@@ -122,7 +122,7 @@ def test_moto_keeps_no_item_copies_and_no_empty_partitions(aws: EmbeddedAws) -> 
     from moto.dynamodb.models.dynamo_type import Item
 
     clock = Clock()
-    store = StateStore(aws.table_name, client=aws.dynamodb, clock=clock, final_retention_seconds=RETENTION)
+    store = DynamoStateStore(aws.table_name, client=aws.dynamodb, clock=clock, final_retention_seconds=RETENTION)
     keys = [_settle(store, f"bounded-{n}") for n in range(5)]
     assert len(Item.instances_tracked) == 0
     clock.now += RETENTION + 1

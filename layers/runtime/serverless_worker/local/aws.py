@@ -14,7 +14,7 @@ conditional writes both pass, and the ledger relies on that).
 Example::
 
     aws = EmbeddedAws.start(pool_size=16)
-    store = StateStore(aws.table_name, client=aws.dynamodb)
+    store = DynamoStateStore(aws.table_name, client=aws.dynamodb)
     arn = aws.install_state_machine({"StepsFunction": steps_entry})
     ...
     aws.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..outcome import OutcomeKind
 from ..state import FINAL_STATUSES, LedgerStatus
-from ..state.items import from_item
+from ..state.items import delivery_record, from_item
 
 __all__ = ["JobRecord", "RunSummary", "percentile", "read_ledger", "render_summary", "summarize"]
 
@@ -51,7 +51,7 @@ def read_ledger(client: Any, table: str) -> list[JobRecord]:
     for page in pages:
         for raw in page.get("Items", []):
             attrs = from_item(raw)
-            delivery = json.loads(attrs["delivery"])
+            delivery = delivery_record(attrs)
             outcome = json.loads(attrs["outcome"]) if attrs.get("outcome") else None
             status = LedgerStatus(attrs["status"])
             records.append(JobRecord(

@@ -50,7 +50,7 @@ from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
-from ..state import StateStore
+from ..state import DynamoStateStore
 from .aws import EmbeddedAws
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
@@ -175,7 +175,8 @@ class LocalRunner:
                                      state_machine_arn=arn, sfn_client=aws.sfn)
         cleanup.callback(dispatcher.close, False)
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
-        store = StateStore(aws.table_name, client=aws.dynamodb, final_retention_seconds=self.ledger_retention_seconds)
+        store = DynamoStateStore(aws.table_name, client=aws.dynamodb,
+                                 final_retention_seconds=self.ledger_retention_seconds)
         services = Services(settings=settings, store=store,
                             registry=registry, dispatcher=dispatcher, client_overrides=overrides)
         shared.append(services)

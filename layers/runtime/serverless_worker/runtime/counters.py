@@ -23,7 +23,7 @@ from ..state.errors import StateStoreError
 from ..state.store import check_counter_deltas
 
 if TYPE_CHECKING:
-    from ..state.store import StateStore
+    from ..state.contract import StateStore
 
 __all__ = ["DEFAULT_FLUSH_SECONDS", "CounterBuffer"]
 

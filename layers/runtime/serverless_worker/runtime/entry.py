@@ -41,7 +41,7 @@ def services_from_environment() -> Services:
     """
     from ..registry import default_registry, load_handlers
     from ..settings import load_settings
-    from ..state import StateStore
+    from ..state import DynamoStateStore
     from .dispatch import AwsDispatcher
     from .services import Services
 
@@ -50,7 +50,7 @@ def services_from_environment() -> Services:
     if settings.handler_module:
         load_handlers(settings.handler_module)
     check_region()
-    store = StateStore(settings.table_name or "")  # an unset name is refused there, clearly
+    store = DynamoStateStore(settings.table_name or "")  # an unset name is refused there, clearly
     dispatcher = AwsDispatcher(executor_function=settings.executor_function_name,
                                state_machine_arn=settings.state_machine_arn)
     return Services(settings=settings, store=store, registry=default_registry, dispatcher=dispatcher)

@@ -19,7 +19,7 @@ from ..errors import ServerlessWorkerError
 from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
 
 if TYPE_CHECKING:
-    from ..state.store import StateStore
+    from ..state.contract import StateStore
 
 __all__ = ["SessionKeeper", "SessionUnavailableError"]
 

@@ -1,15 +1,19 @@
-"""The worker's state in DynamoDB: sessions, the delivery ledger, counters, locks.
+"""The worker's state: sessions, the delivery ledger, counters, locks.
 
-Everything that touches the state table goes through :class:`StateStore`; the item
-design and the condition on every transition are documented in ``state/store.py``.
+The runtime depends on the :class:`StateStore` contract (``state/contract.py``); its
+backends are :class:`DynamoStateStore` (Lambda: one DynamoDB table, item design in
+``state/store.py``) and :class:`SqliteStateStore` (one SQLite file on one machine,
+``state/sqlite_store.py``). Statuses and transitions: docs/ledger.md.
 """
 
 from __future__ import annotations
 
+from .contract import StateStore
 from .errors import InvalidKeyError, ItemTooLargeError, StaleWriteError, StateStoreError
 from .items import FINAL_STATUSES, IN_FLIGHT_STATUSES, DispatchMode, LedgerItem, LedgerStatus
 from .keys import IN_FLIGHT_INDEX, ledger_key, ledger_key_for, parse_ledger_key
-from .store import EXPIRED_RETENTION_SECONDS, FINAL_RETENTION_SECONDS, StateStore
+from .rules import EXPIRED_RETENTION_SECONDS, FINAL_RETENTION_SECONDS
+from .store import DynamoStateStore
 
 __all__ = [
     "EXPIRED_RETENTION_SECONDS",
@@ -18,10 +22,12 @@ __all__ = [
     "IN_FLIGHT_INDEX",
     "IN_FLIGHT_STATUSES",
     "DispatchMode",
+    "DynamoStateStore",
     "InvalidKeyError",
     "ItemTooLargeError",
     "LedgerItem",
     "LedgerStatus",
+    "SqliteStateStore",
     "StaleWriteError",
     "StateStore",
     "StateStoreError",
@@ -29,3 +35,12 @@ __all__ = [
     "ledger_key_for",
     "parse_ledger_key",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``SqliteStateStore`` is imported on first use: Lambda never needs sqlite3 at a cold start."""
+    if name == "SqliteStateStore":
+        from .sqlite_store import SqliteStateStore
+
+        return SqliteStateStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

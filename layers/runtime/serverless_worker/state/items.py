@@ -4,17 +4,25 @@ Top-level attributes are native DynamoDB types (they are read by conditions and 
 index). Documents (the delivery, outcome, checkpoint, report, session) are stored as
 JSON strings: DynamoDB numbers are not JSON numbers (no floats without ``Decimal``,
 38 digits at most), and a payload must come back exactly as the server sent it.
+
+Write units are counted per started kilobyte of item, so the ledger item is kept under
+1 KB where the job allows: the delivery (the largest document, mostly the server's own
+envelope) is stored as raw-deflate compressed JSON bytes (``pack_document``), and model
+documents leave out top-level fields that are ``None`` (``compact_model``). Readers accept
+both forms (``delivery_record``), so items written before stay readable.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
+from pydantic import BaseModel
 
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt
@@ -25,9 +33,12 @@ __all__ = [
     "DispatchMode",
     "LedgerItem",
     "LedgerStatus",
+    "compact_model",
+    "delivery_record",
     "dumps",
     "from_item",
     "item_size",
+    "pack_document",
     "to_attribute",
     "to_item",
 ]
@@ -69,11 +80,31 @@ def dumps(document: Any) -> str:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
 
 
+def compact_model(model: BaseModel) -> str:
+    """A model's JSON without its top-level ``None`` fields (their defaults): bytes an item need not carry."""
+    return dumps({name: value for name, value in model.model_dump(mode="json").items() if value is not None})
+
+
+def pack_document(document: Any) -> bytes:
+    """Compact JSON, raw-deflate compressed (no zlib header: two bytes an item need not carry)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return packer.compress(dumps(document).encode("utf-8")) + packer.flush()
+
+
+def delivery_record(attrs: dict[str, Any]) -> Any:
+    """The stored delivery's record, from packed bytes (``pack_document``) or a JSON string."""
+    stored = attrs["delivery"]
+    if isinstance(stored, bytes):
+        return json.loads(zlib.decompress(stored, -15).decode("utf-8"))
+    return json.loads(stored)
+
+
 def to_attribute(value: Any) -> dict[str, Any]:
     """One Python scalar as an AttributeValue (floats go through ``Decimal(repr(x))``)."""
     if isinstance(value, float):
         value = Decimal(repr(value))
-    return _serializer.serialize(value)
+    attribute: dict[str, Any] = _serializer.serialize(value)
+    return attribute
 
 
 def to_item(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +112,8 @@ def to_item(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Binary):
+        return bytes(value.value)
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
     return value
@@ -140,7 +173,7 @@ class LedgerItem:
     recorded_at: float
     updated_at: float
     epoch: str | None = None
-    deadline: float | None = None        # set only while in flight (the index's range key)
+    deadline: float | None = None        # set only while in flight: when it counts as stranded
     runs: int = 0                        # how many times start_run claimed it (slices, retries)
     renewals: int = 0                    # renew_deadline calls by the current epoch
     settle_failures: int = 0             # settling calls (report, ack, hand back) that failed in a row
@@ -174,14 +207,14 @@ class LedgerItem:
         return cls(
             key=attrs["pk"],
             status=LedgerStatus(attrs["status"]),
-            delivery=Delivery.from_record(json.loads(attrs["delivery"])),
+            delivery=Delivery.from_record(delivery_record(attrs)),
             instance=attrs["instance"],
             dispatch_mode=DispatchMode(attrs["dispatch_mode"]),
             attempt=int(attrs["attempt"]),
             recorded_at=float(attrs["recorded_at"]),
             updated_at=float(attrs["updated_at"]),
             epoch=attrs.get("epoch"),
-            deadline=float(attrs["deadline"]) if "deadline" in attrs else None,
+            deadline=_deadline(attrs),
             runs=int(attrs.get("runs", 0)),
             renewals=int(attrs.get("renewals", 0)),
             settle_failures=int(attrs.get("settle_failures", 0)),
@@ -195,3 +228,10 @@ class LedgerItem:
             callback_token=attrs.get("callback_token"),
             ttl=int(attrs["ttl"]) if "ttl" in attrs else None,
         )
+
+
+def _deadline(attrs: dict[str, Any]) -> float | None:
+    """The item's own deadline: ``due`` where the in-flight index's ``deadline`` lags behind it
+    (the DynamoDB backend keeps the index key still on the hot path, state/store.py)."""
+    value = attrs.get("due", attrs.get("deadline"))
+    return float(value) if value is not None else None

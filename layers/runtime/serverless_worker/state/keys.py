@@ -14,6 +14,7 @@ from .errors import InvalidKeyError
 
 __all__ = [
     "DEADLINE",
+    "DUE",
     "HASH_KEY_MAX_BYTES",
     "IN_FLIGHT_INDEX",
     "ITEM_MAX_BYTES",
@@ -35,6 +36,9 @@ __all__ = [
 # Attribute names the table definition in template.yaml depends on.
 PK, SK = "pk", "sk"
 SCOPE, DEADLINE = "scope", "deadline"  # the in-flight index's key, present only while in flight
+# The item's own deadline where it is later than the index's `deadline` (which never is later
+# than the item's: the index key stays put while a run pushes its deadline out; state/store.py).
+DUE = "due"
 TTL = "ttl"
 IN_FLIGHT_INDEX = "in-flight"
 

@@ -1,5 +1,8 @@
 """All DynamoDB access of the project: one table (``StateTable`` in template.yaml).
 
+The Lambda backend of the state-store contract (``state/contract.py``); the SQLite one is
+``state/sqlite_store.py``. The rules both share live in ``state/rules.py``.
+
 Item design (``pk`` partition key, ``sk`` sort key, both strings):
 
 =====================================  ==========  ==============================================
@@ -8,15 +11,17 @@ pk                                     sk          attributes
 ``session#{protocol}#{instance}``      session     session (JSON of SessionState.to_record(), token
                                                    included), version (N), expires_at, ttl
 ``lock#{name}``                        lock        owner, expires_at, acquired_at, ttl
-``delivery#{protocol}#{ledger_id}``    delivery    status, delivery (JSON of Delivery.to_record(),
-                                                   token included), protocol, handler, instance,
-                                                   attempt, dispatch_mode, epoch, runs, renewals,
-                                                   recorded_at, updated_at, started_at, finished_at,
-                                                   outcome/checkpoint/report (JSON), error,
-                                                   cancel_reason, handover_requested,
+``delivery#{protocol}#{ledger_id}``    delivery    status, delivery (Delivery.to_record() as deflated
+                                                   JSON bytes, items.pack_document; token included),
+                                                   protocol, handler, instance, attempt,
+                                                   dispatch_mode, epoch, runs, renewals, recorded_at,
+                                                   updated_at, started_at, finished_at,
+                                                   outcome/checkpoint/report (JSON, None fields
+                                                   left out), error, cancel_reason, handover_requested,
                                                    callback_token; while in flight also
                                                    scope=``{protocol}#{instance}`` + deadline
-                                                   (the sparse ``in-flight`` index); once final, ttl
+                                                   (the sparse ``in-flight`` index) and due;
+                                                   once final, ttl
 ``counters#{protocol}#{instance}``     counters    one N per counter (ADD), updated_at
 ``control#{protocol}#{instance}``      control     stopped (reason), draining (bool), updated_at,
                                                    unfit_{digest} (JSON handler + reason) per handler
@@ -39,7 +44,17 @@ Ledger statuses (``LedgerStatus``) and the condition on each transition::
     note_settle_failure any in flight        -> (same)         deadline = the reaper's retry time
     mark_abandoned    any not yet REPORTED   -> DISCARDED      final, the job's return recorded again
 
-Final states drop ``scope``/``deadline`` (leaving the index) and set ``ttl`` seven days on.
+Final states drop ``scope``/``deadline``/``due`` (leaving the index) and set ``ttl`` seven days on.
+
+Index writes: the in-flight index holds keys only, so a write costs index units only when it
+adds (1), moves (2) or removes (1) an entry. Its range key ``deadline`` is set when the
+delivery is recorded and is *never later* than the item's own deadline ``due``: a run that
+pushes its deadline out (start_run, take_over, renew_deadline, save_checkpoint) writes
+``due`` only, and moves ``deadline`` just when the new deadline is earlier (a refused first
+try, then a second write). So the short path costs the index 2 units (record, settle), not 4.
+Readers treat the index as a superset: ``stranded`` re-checks ``due`` on the full item, and
+``count_in_flight(live_at=...)`` counts entries whose ``deadline`` has not passed and reads
+the few whose has (runs outliving their dispatch deadline) to check their ``due``.
 A refused transition that the caller branches on returns ``False``/``None``; a fenced
 write that loses (session version, run epoch) raises :class:`StaleWriteError`, because
 carrying on after losing ownership would report an outcome someone else owns.
@@ -53,7 +68,7 @@ too large is replaced by a ``FAILURE`` outcome saying so, which does fit.
 
 Example::
 
-    store = StateStore.from_env()          # TABLE_NAME from the function's environment
+    store = DynamoStateStore.from_env()          # TABLE_NAME from the function's environment
     key = store.record_delivery(delivery, instance="blue", deadline=now + 60, dispatch_mode="invoke")
 """
 
@@ -78,9 +93,21 @@ from ..errors import ConfigurationError
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
-from .items import DispatchMode, LedgerItem, LedgerStatus, dumps, from_item, item_size, to_attribute, to_item
+from .items import (
+    DispatchMode,
+    LedgerItem,
+    LedgerStatus,
+    compact_model,
+    dumps,
+    from_item,
+    item_size,
+    pack_document,
+    to_attribute,
+    to_item,
+)
 from .keys import (
     DEADLINE,
+    DUE,
     IN_FLIGHT_INDEX,
     ITEM_MAX_BYTES,
     PK,
@@ -96,16 +123,26 @@ from .keys import (
     session_key,
     sort_key_for,
 )
+from .rules import (
+    EXPIRED_RETENTION_SECONDS,
+    FINAL_RETENTION_SECONDS,
+    HANDBACK_EPOCH_PREFIX,
+    NOT_COUNTERS,
+    UNFIT_PREFIX,
+    check_counter_deltas,
+    in_doubt,
+    unfit_attribute,
+)
 
-__all__ = ["EXPIRED_RETENTION_SECONDS", "FINAL_RETENTION_SECONDS", "StateStore", "check_counter_deltas"]
-
-# Epoch prefix of ledger claims taken only to hand a delivery back (runtime.settle).
-HANDBACK_EPOCH_PREFIX = "handback:"
+__all__ = [
+    "EXPIRED_RETENTION_SECONDS",
+    "FINAL_RETENTION_SECONDS",
+    "HANDBACK_EPOCH_PREFIX",
+    "DynamoStateStore",
+    "check_counter_deltas",
+]
 
 log = logging.getLogger("serverless_worker.state")
-
-FINAL_RETENTION_SECONDS = 7 * 86400    # a settled ledger item stays this long (duplicate detection, audit)
-EXPIRED_RETENTION_SECONDS = 86400      # sessions and locks linger this long past their own expiry
 
 # Every call has a timeout; throttling and 5xx are retried by botocore's standard mode.
 # No client-side parameter validation: DynamoDB validates every request itself (a bad one
@@ -116,8 +153,6 @@ _CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "st
 
 _NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
 _VALUE = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
-_COUNTER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_NOT_COUNTERS = frozenset({PK, SK, TTL, "updated_at"})
 _BATCH_GET_MAX = 100
 
 # A run's fence: the item is running and this epoch owns it.
@@ -127,8 +162,10 @@ _UNREPORTED = "#status IN (:recorded, :dispatched, :dispatch_failed, :running, :
 _STATUS_VALUES = {status.name.lower(): status.value for status in LedgerStatus}
 
 
-class StateStore:
-    """The worker's state in one DynamoDB table; the client is built once when not given.
+class DynamoStateStore:
+    """The worker's state in one DynamoDB table (the Lambda backend of ``contract.StateStore``).
+
+    The client is built once when not given.
 
     ``clock`` is the time source for every timestamp and expiry check (tests pass a fake
     one). ``ops`` counts the DynamoDB requests made, as ``"read"`` and ``"write"``.
@@ -150,7 +187,7 @@ class StateStore:
         self._ops_lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, *, client: Any = None, clock: Callable[[], float] = time.time) -> StateStore:
+    def from_env(cls, *, client: Any = None, clock: Callable[[], float] = time.time) -> DynamoStateStore:
         """Build from ``TABLE_NAME`` (template.yaml passes the table's name to every function)."""
         name = os.environ.get("TABLE_NAME", "")
         if not name:
@@ -231,7 +268,7 @@ class StateStore:
         now = self._clock()
         item = to_item({
             PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value,
-            "delivery": dumps(delivery.to_record()), "protocol": delivery.protocol,
+            "delivery": pack_document(delivery.to_record()), "protocol": delivery.protocol,
             "handler": delivery.handler, "instance": instance, "attempt": delivery.attempt,
             "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0, "recorded_at": now,
             "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
@@ -281,7 +318,7 @@ class StateStore:
         """The fan-out failed: keep it in flight with its deadline now, so the next reap hands it back."""
         # Only while no run has claimed it: an ambiguous invoke may have started the executor after all.
         return self._transition(
-            key, "SET #status = :dispatch_failed, #error = :error, #deadline = :now, #updated_at = :now",
+            key, "SET #status = :dispatch_failed, #error = :error, #deadline = :now, #due = :now, #updated_at = :now",
             "#status IN (:recorded, :dispatched)", error=error)
 
     # -- delivery ledger: the run ---------------------------------------------------
@@ -292,26 +329,26 @@ class StateStore:
         and settle a stored outcome instead of running the handler again.
         """
         parse_ledger_key(key)
-        update = ("SET #status = :running, #epoch = :epoch, #deadline = :deadline, #updated_at = :now, "
-                  "#started_at = if_not_exists(#started_at, :now) ADD #runs :one")
+        update = ("SET #status = :running, #epoch = :epoch, #updated_at = :now, "
+                  "#started_at = if_not_exists(#started_at, :now)", "ADD #runs :one")
         # Claim an unstarted delivery, or resume our own run (a continuation slice, a retried invocation).
         # One whose dispatch failed is only claimed to be handed back (the reaper), never run.
         unstarted = "(:recorded, :dispatched, :dispatch_failed)" if epoch.startswith(HANDBACK_EPOCH_PREFIX) \
             else "(:recorded, :dispatched)"
         condition = f"#status IN {unstarted} OR (#status = :running AND #epoch = :epoch)"
-        response = self._update(key, update, condition, self._values(epoch=epoch, deadline=deadline, one=1),
-                                returns="ALL_NEW", what="the run")
+        response = self._with_deadline(key, update, condition, self._values(epoch=epoch, deadline=deadline, one=1),
+                                       returns="ALL_NEW", what="the run")
         return LedgerItem.from_attributes(from_item(response["Attributes"])) if response is not None else None
 
     def take_over(self, key: str, *, old_epoch: str, new_epoch: str, deadline: float) -> bool:
         """Move a running item from ``old_epoch`` (presumed dead) to ``new_epoch``."""
         parse_ledger_key(key)
-        update = ("SET #epoch = :new_epoch, #deadline = :deadline, #updated_at = :now, #renewals = :zero "
+        update = ("SET #epoch = :new_epoch, #updated_at = :now, #renewals = :zero",
                   "REMOVE #cancel_reason, #handover_requested ADD #runs :one")
         # Compare-and-swap on the epoch: one successor wins, and the old run's fenced writes fail from now on.
         condition = "#status = :running AND #epoch = :old_epoch"
         values = self._values(old_epoch=old_epoch, new_epoch=new_epoch, deadline=deadline, zero=0, one=1)
-        return self._update(key, update, condition, values, what="the run") is not None
+        return self._with_deadline(key, update, condition, values, what="the run") is not None
 
     def get(self, key: str) -> LedgerItem | None:
         """Consistent read of one ledger item."""
@@ -322,13 +359,14 @@ class StateStore:
     def save_checkpoint(self, key: str, epoch: str, checkpoint: Any, deadline: float | None = None) -> None:
         """Record a continuation's checkpoint (and push the deadline out); epoch-fenced."""
         update = "SET #checkpoint = :checkpoint, #updated_at = :now"
-        if deadline is not None:
-            update += ", #deadline = :deadline"
-        self._fenced(key, epoch, update, "the checkpoint", checkpoint=dumps(checkpoint), deadline=deadline)
+        if deadline is None:
+            self._fenced(key, epoch, update, "the checkpoint", checkpoint=dumps(checkpoint))
+        else:
+            self._fenced(key, epoch, (update, ""), "the checkpoint", checkpoint=dumps(checkpoint), deadline=deadline)
 
     def renew_deadline(self, key: str, epoch: str, deadline: float) -> int:
         """Push the run's deadline out; returns how many renewals this epoch has made."""
-        update = "SET #deadline = :deadline, #updated_at = :now ADD #renewals :one"
+        update = ("SET #updated_at = :now", "ADD #renewals :one")
         response = self._fenced(key, epoch, update, "the deadline", returns="UPDATED_NEW", deadline=deadline,
                                 one=1)
         return int(from_item(response["Attributes"])["renewals"])
@@ -364,17 +402,16 @@ class StateStore:
         # The document comes first in every SET: moto applies clauses one by one and would keep
         # the ones before an oversized value (DynamoDB itself applies none).
         self._fenced(key, epoch, "SET #outcome = :outcome, #status = :outcome_stored, #updated_at = :now, "
-                     "#finished_at = :now REMOVE #checkpoint", "the outcome",
-                     outcome=dumps(outcome.model_dump(mode="json")))
+                     "#finished_at = :now REMOVE #checkpoint", "the outcome", outcome=compact_model(outcome))
 
     # -- delivery ledger: settling ------------------------------------------------
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
         # A report follows a stored outcome; a second reporter finds it already reported.
         update = "SET #report = :report, #status = :reported, #reported_at = :now, #updated_at = :now"
-        if _in_doubt(receipt):
+        if in_doubt(receipt):
             update += ", #unknown_to_server = :yes"  # the job may come back: see record_delivery
         return self._transition(key, update, "#status = :outcome_stored",
-                                report=dumps(receipt.model_dump(mode="json")), yes=True)
+                                report=compact_model(receipt), yes=True)
 
     def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool:
         """Final. With ``receipt`` it also records the report: the short path writes once
@@ -385,13 +422,13 @@ class StateStore:
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
         # Report and acknowledgement of a stored outcome recorded together, once. A report the
         # server did not know marks the item so that the job's return is recorded again.
-        not_found = _in_doubt(receipt)
+        not_found = in_doubt(receipt)
         condition = "#status IN (:outcome_stored, :reported)"
         if not_found:
             # Not while a redelivery is noted: the report is due again (see record_delivery).
             condition += " AND attribute_not_exists(#redelivered)"
         return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
-                           report=dumps(receipt.model_dump(mode="json")), unknown_to_server=not_found)
+                           report=compact_model(receipt), unknown_to_server=not_found)
 
     def clear_redelivered(self, key: str) -> bool:
         """The noted redelivery is being answered (the report is sent again)."""
@@ -414,7 +451,7 @@ class StateStore:
 
         ``0`` when the item is already final (someone else settled it meanwhile)."""
         parse_ledger_key(key)
-        update = ("SET #deadline = :retry_at, #error = :error, #updated_at = :now "
+        update = ("SET #deadline = :retry_at, #due = :retry_at, #error = :error, #updated_at = :now "
                   "ADD #settle_failures :one")
         # Only while in flight: a final item left the index and must not be put back in it.
         response = self._update(key, update, "attribute_exists(#scope)",
@@ -425,8 +462,8 @@ class StateStore:
     def postpone(self, key: str, deadline: float) -> bool:
         """Move an in-flight item's deadline (when the reaper next looks at it)."""
         # Only while in flight, as note_settle_failure.
-        return self._transition(key, "SET #deadline = :deadline, #updated_at = :now", "attribute_exists(#scope)",
-                                deadline=deadline)
+        return self._transition(key, "SET #deadline = :deadline, #due = :deadline, #updated_at = :now",
+                                "attribute_exists(#scope)", deadline=deadline)
 
     def mark_abandoned(self, key: str, reason: str) -> bool:
         """Final: settling failed too often. The item is DISCARDED and marked as unknown to
@@ -443,17 +480,26 @@ class StateStore:
         executor, a state machine) will settle each of them by its deadline. One past its
         deadline is the reaper's, and must not hold a slot of capacity while it waits for
         the next tick's reap: that is what capacity is counted with."""
-        pages = self._index_pages(scope_of(protocol, instance), None, count=True, not_before=live_at)
-        return sum(page["Count"] for page in pages)
+        scope = scope_of(protocol, instance)
+        pages = self._index_pages(scope, None, count=True, not_before=live_at)
+        counted = int(sum(page["Count"] for page in pages))
+        if live_at is None:
+            return counted
+        # The index's deadline never is later than the item's: those past it may live on (a run
+        # that pushed its deadline out); read them to count the ones whose own deadline has not passed.
+        lagging = self._index_items(scope, live_at)
+        return counted + sum(1 for item in lagging
+                             if not item.is_final and item.deadline is not None and item.deadline >= live_at)
 
     def in_flight(self, protocol: str, instance: str) -> list[LedgerItem]:
         """Every unsettled delivery of this instance, soonest deadline first."""
-        return [item for item in self._index_items(scope_of(protocol, instance), None) if not item.is_final]
+        return _soonest_first([item for item in self._index_items(scope_of(protocol, instance), None)
+                               if not item.is_final])
 
     def stranded(self, protocol: str, instance: str, now: float) -> list[LedgerItem]:
         """Unsettled deliveries whose deadline passed before ``now``, re-checked on the full item."""
-        return [item for item in self._index_items(scope_of(protocol, instance), now)
-                if not item.is_final and item.deadline is not None and item.deadline < now]
+        return _soonest_first([item for item in self._index_items(scope_of(protocol, instance), now)
+                               if not item.is_final and item.deadline is not None and item.deadline < now])
 
     # -- counters and control --------------------------------------------------------
     def add_counters(self, protocol: str, instance: str, **deltas: int) -> None:
@@ -472,7 +518,7 @@ class StateStore:
 
     def read_counters(self, protocol: str, instance: str) -> dict[str, int]:
         attrs = self._get(counters_key(protocol, instance)) or {}
-        return {name: int(value) for name, value in attrs.items() if name not in _NOT_COUNTERS}
+        return {name: int(value) for name, value in attrs.items() if name not in NOT_COUNTERS}
 
     def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
         """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool,
@@ -480,7 +526,7 @@ class StateStore:
         attrs = self._get(control_key(protocol, instance)) or {}
         unfit = {}
         for name, value in attrs.items():
-            if name.startswith(_UNFIT_PREFIX):
+            if name.startswith(UNFIT_PREFIX):
                 record = json.loads(value)
                 unfit[record["handler"]] = record["reason"]
         return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
@@ -489,7 +535,7 @@ class StateStore:
     def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
         """Stop pulling for ``handler``: its timeout can never fit (``runtime.fit``). ``True``
         when this call set it (the first executor to find out), ``False`` when already set."""
-        attribute = _unfit_attribute(handler)
+        attribute = unfit_attribute(handler)
         update = f"SET #{attribute} = :record, #updated_at = :now"
         # One attribute per handler, set once: two executors finding it at once never lose either.
         condition = f"attribute_not_exists(#{attribute})"
@@ -500,7 +546,7 @@ class StateStore:
     def clear_unfit(self, protocol: str, instance: str) -> None:
         """Pull for every handler again (the operator fixed the timeouts)."""
         pk = control_key(protocol, instance)
-        names = [name for name in (self._get(pk) or {}) if name.startswith(_UNFIT_PREFIX)]
+        names = [name for name in (self._get(pk) or {}) if name.startswith(UNFIT_PREFIX)]
         if names:
             # No condition: an operator flag, last writer wins.
             self._update(pk, "SET #updated_at = :now REMOVE " + ", ".join(f"#{n}" for n in names), None,
@@ -530,15 +576,36 @@ class StateStore:
             log.debug("transition refused for %s: %s", key, condition)
         return response is not None
 
-    def _fenced(self, key: str, epoch: str, update: str, what: str, *, returns: str = "NONE",
+    def _fenced(self, key: str, epoch: str, update: str | tuple[str, str], what: str, *, returns: str = "NONE",
                 **values: Any) -> dict[str, Any]:
+        """A write only the run ``epoch`` may make; a ``(set, rest)`` update also moves the deadline."""
         parse_ledger_key(key)
         # Only the run holding the epoch may change its item; anyone else lost it (reaped, taken over).
-        response = self._update(key, update, _OWNED, self._values(epoch=epoch, **values), returns=returns,
-                                what=what)
+        if isinstance(update, tuple):
+            response = self._with_deadline(key, update, _OWNED, self._values(epoch=epoch, **values),
+                                           returns=returns, what=what)
+        else:
+            response = self._update(key, update, _OWNED, self._values(epoch=epoch, **values), returns=returns,
+                                    what=what)
         if response is None:
             raise StaleWriteError(f"run {epoch!r} no longer owns this delivery; {what} was not saved",
                                   key=key)
+        return response
+
+    def _with_deadline(self, key: str, update: tuple[str, str], condition: str, values: dict[str, Any], *,
+                       returns: str = "NONE", what: str) -> dict[str, Any] | None:
+        """``update`` (its SET clause and the rest) plus the item's new deadline ``:deadline``.
+
+        The index key stays put when it is not later than the new deadline (the hot path: a
+        run's deadline only moves out), so no index write; otherwise, or when the first try is
+        refused for any reason, a second write under ``condition`` alone moves it too."""
+        set_clause, rest = update
+        keep = f"{set_clause}, #{DUE} = :deadline {rest}".strip()
+        stays = f"({condition}) AND (attribute_not_exists(#{DEADLINE}) OR #{DEADLINE} <= :deadline)"
+        response = self._update(key, keep, stays, values, returns=returns, what=what)
+        if response is None:
+            moves = f"{set_clause}, #{DUE} = :deadline, #{DEADLINE} = :deadline {rest}".strip()
+            response = self._update(key, moves, condition, values, returns=returns, what=what)
         return response
 
     def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
@@ -551,7 +618,7 @@ class StateStore:
         if unknown_to_server:
             update += ", #unknown_to_server = :yes"
         # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
-        update += " REMOVE #scope, #deadline, #checkpoint"
+        update += " REMOVE #scope, #deadline, #due, #checkpoint"
         ttl = int(self._clock()) + self._final_retention
         return self._transition(key, update, condition, final=status.value, ttl=ttl, reason=reason,
                                 epoch=epoch, report=report, yes=True)
@@ -660,30 +727,9 @@ class StateStore:
         raise StateStoreError(f"DynamoDB batch_get_item for {scope} left keys unprocessed after 8 attempts")
 
 
-def check_counter_deltas(deltas: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for a counter name DynamoDB or the item cannot take, or a non-int delta."""
-    for name, delta in deltas.items():
-        if not _COUNTER.fullmatch(name) or name in _NOT_COUNTERS:
-            raise ValueError(f"invalid counter name {name!r}")
-        if not isinstance(delta, int) or isinstance(delta, bool):
-            raise ValueError(f"counter {name} delta must be an int, got {delta!r}")
-
-
-_UNFIT_PREFIX = "unfit_"
-
-
-def _in_doubt(receipt: ReportReceipt) -> bool:
-    """The server answered "not found" (first try, or after an ambiguous one): it may have
-    forgotten the delivery (a Priostack restart), so the job may come back and must then be
-    recorded again, with our outcome, instead of dropped as a duplicate."""
-    return receipt.status in ("not_found", "already_applied")
-
-
-def _unfit_attribute(handler: str) -> str:
-    """The control item's attribute for one handler (names may hold dots, so a digest)."""
-    import hashlib
-
-    return _UNFIT_PREFIX + hashlib.sha256(handler.encode()).hexdigest()[:16]
+def _soonest_first(items: list[LedgerItem]) -> list[LedgerItem]:
+    """By the items' own deadlines (the index orders by its key, which may lag behind them)."""
+    return sorted(items, key=lambda item: item.deadline if item.deadline is not None else 0.0)
 
 
 def _unreported(epoch: str | None) -> str:

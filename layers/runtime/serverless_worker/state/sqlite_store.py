@@ -1,0 +1,571 @@
+"""The state store on one SQLite file (standard library ``sqlite3``, WAL mode).
+
+The same contract as the DynamoDB backend (``state/contract.py``, docs/ledger.md), for a
+worker on one machine. Each item is one row: its attributes as a JSON document in
+``doc`` (the same names and JSON-string documents as the DynamoDB item), with generated,
+indexed columns for what queries need (``scope`` + ``deadline``: the in-flight index;
+``ttl``: the expiry sweep). Every conditional transition is one guarded
+``UPDATE ... WHERE <condition>`` (or an upsert whose ``DO UPDATE ... WHERE`` guards it):
+its row count decides, as DynamoDB's condition does, and a lost fence raises the same
+:class:`StaleWriteError`. DynamoDB's TTL becomes a sweep that deletes expired rows when
+the store opens and then at most every ``sweep_interval`` seconds, on a write.
+
+Threads: one connection per thread (WAL lets readers run beside the one writer); every
+write is a ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock
+(``busy_timeout``) instead of failing. Sizes are held to DynamoDB's 400 KB item limit,
+measured as DynamoDB measures, so a job behaves the same on both backends.
+
+Example::
+
+    store = SqliteStateStore(Path(".serverless-worker/state.db"))
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..outcome import Outcome
+from ..protocols.base import Delivery, ReportReceipt, SessionState
+from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
+from .items import DispatchMode, LedgerItem, LedgerStatus, compact_model, dumps, item_size, to_item
+from .keys import (
+    DEADLINE,
+    ITEM_MAX_BYTES,
+    PK,
+    SCOPE,
+    SK,
+    TTL,
+    control_key,
+    counters_key,
+    ledger_key_for,
+    lock_key,
+    parse_ledger_key,
+    scope_of,
+    session_key,
+    sort_key_for,
+)
+from .rules import (
+    EXPIRED_RETENTION_SECONDS,
+    FINAL_RETENTION_SECONDS,
+    HANDBACK_EPOCH_PREFIX,
+    NOT_COUNTERS,
+    UNFIT_PREFIX,
+    check_counter_deltas,
+    in_doubt,
+    unfit_attribute,
+)
+
+__all__ = ["SqliteStateStore"]
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS items (
+    pk TEXT PRIMARY KEY,
+    doc TEXT NOT NULL,
+    scope TEXT GENERATED ALWAYS AS (json_extract(doc, '$.{SCOPE}')) VIRTUAL,
+    deadline REAL GENERATED ALWAYS AS (json_extract(doc, '$.{DEADLINE}')) VIRTUAL,
+    ttl INTEGER GENERATED ALWAYS AS (json_extract(doc, '$.{TTL}')) VIRTUAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS in_flight ON items (scope, deadline) WHERE scope IS NOT NULL;
+CREATE INDEX IF NOT EXISTS expiry ON items (ttl) WHERE ttl IS NOT NULL;
+"""
+
+_UNREPORTED_STATUSES = (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED, LedgerStatus.DISPATCH_FAILED,
+                        LedgerStatus.RUNNING, LedgerStatus.OUTCOME_STORED)
+
+
+def _attr(name: str) -> str:
+    """SQL for one attribute of the document (names are the store's own, never caller text)."""
+    return f"json_extract(doc, '$.{name}')"
+
+
+def _exists(name: str) -> str:
+    return f"json_type(doc, '$.{name}') IS NOT NULL"
+
+
+def _status_in(statuses: Sequence[LedgerStatus]) -> str:
+    return f"{_attr('status')} IN ({', '.join(repr(s.value) for s in statuses)})"
+
+
+_OWNED = f"{_attr('status')} = '{LedgerStatus.RUNNING.value}' AND {_attr('epoch')} = :epoch"
+_UNREPORTED = _status_in(_UNREPORTED_STATUSES)
+
+
+class _Patch:
+    """An UpdateExpression as one SQL expression over ``doc``: SET, ADD, if_not_exists, REMOVE."""
+
+    def __init__(self) -> None:
+        self.expression = "doc"
+        self.params: list[Any] = []
+        self.written: dict[str, Any] = {}
+
+    def remove(self, *names: str) -> _Patch:
+        self.expression = f"json_remove({self.expression}, {', '.join('?' for _ in names)})"
+        self.params += [f"$.{n}" for n in names]
+        return self
+
+    def set(self, **values: Any) -> _Patch:
+        for name, value in values.items():
+            if value is None:
+                continue
+            # Booleans as JSON booleans, as DynamoDB's BOOL (sqlite3 would bind them as 0/1).
+            placeholder = "json(?)" if isinstance(value, bool) else "?"
+            self.expression = f"json_set({self.expression}, ?, {placeholder})"
+            self.params += [f"$.{name}", json.dumps(value) if isinstance(value, bool) else value]
+            self.written[name] = value
+        return self
+
+    def add(self, **deltas: int) -> _Patch:
+        for name, delta in deltas.items():
+            self.expression = f"json_set({self.expression}, ?, coalesce(json_extract(doc, ?), 0) + ?)"
+            self.params += [f"$.{name}", f"$.{name}", delta]
+            self.written[name] = delta
+        return self
+
+    def set_if_missing(self, **values: Any) -> _Patch:
+        for name, value in values.items():
+            self.expression = f"json_set({self.expression}, ?, coalesce(json_extract(doc, ?), ?))"
+            self.params += [f"$.{name}", f"$.{name}", value]
+            self.written[name] = value
+        return self
+
+
+class SqliteStateStore:
+    """The worker's state in one SQLite file; ``path`` is created with its schema when new.
+
+    ``clock`` and ``final_retention_seconds`` mean what they mean for the DynamoDB
+    backend; ``ops`` counts statements as ``"read"`` and ``"write"``.
+    """
+
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time,
+                 final_retention_seconds: int = FINAL_RETENTION_SECONDS, sweep_interval: float = 60.0,
+                 busy_timeout_seconds: float = 30.0) -> None:
+        self.path = str(path)
+        self._clock = clock
+        self._final_retention = int(final_retention_seconds)
+        self._sweep_interval = sweep_interval
+        self._busy_timeout = busy_timeout_seconds
+        self.ops: Counter[str] = Counter()
+        self._ops_lock = threading.Lock()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._next_sweep = 0.0
+        connection = self._connection()
+        try:
+            connection.executescript(_SCHEMA)
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store {self.path}: cannot create the schema: {err}") from err
+        self.sweep()
+
+    # -- connections -----------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            try:
+                connection = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                             check_same_thread=False)
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+            except sqlite3.Error as err:
+                raise StateStoreError(f"SQLite state store {self.path}: cannot open: {err}") from err
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections.append(connection)
+        return connection
+
+    def close(self) -> None:
+        """Close every thread's connection (the file stays; a new store reopens it)."""
+        with self._connections_lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def _count(self, kind: str) -> None:
+        with self._ops_lock:
+            self.ops[kind] += 1
+
+    @contextmanager
+    def _write(self, *, counted: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken up front (``BEGIN IMMEDIATE``) so it never deadlocks on upgrade."""
+        db = self._connection()
+        if counted:
+            self._count("write")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store {self.path}: write failed: {err}") from err
+
+    def sweep(self) -> int:
+        """Delete rows past their ``ttl`` (DynamoDB's TTL, as a sweep); returns how many went."""
+        now = self._clock()
+        self._next_sweep = now + self._sweep_interval
+        with self._write(counted=False) as db:  # housekeeping, free like DynamoDB's TTL: not in ops
+            return db.execute("DELETE FROM items WHERE ttl IS NOT NULL AND ttl < ?", (now,)).rowcount
+
+    def _maybe_sweep(self) -> None:
+        if self._clock() >= self._next_sweep:
+            self.sweep()
+
+    # -- rows ------------------------------------------------------------------------
+    def _get(self, pk: str) -> dict[str, Any] | None:
+        self._count("read")
+        try:
+            row = self._connection().execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store read of {pk} failed: {err}") from err
+        return dict(json.loads(row[0])) if row else None
+
+    @staticmethod
+    def _check_size(pk: str, what: str, attributes: dict[str, Any]) -> None:
+        size = item_size(to_item(attributes))
+        if size > ITEM_MAX_BYTES:
+            raise ItemTooLargeError(pk, what, size, ITEM_MAX_BYTES)
+
+    def _after(self, pk: str, what: str, written: int, row: Any) -> dict[str, Any] | None:
+        """The row an update returned, checked against the item limit (rolled back when past it)."""
+        if row is None:
+            return None
+        doc: dict[str, Any] = json.loads(row[0])
+        if item_size(to_item(doc)) > ITEM_MAX_BYTES:
+            raise ItemTooLargeError(pk, what, written, ITEM_MAX_BYTES)
+        return doc
+
+    def _update(self, pk: str, patch: _Patch, condition: str | None, *, what: str,
+                upsert: bool = False, **values: Any) -> dict[str, Any] | None:
+        """Apply ``patch`` where ``condition`` holds; the new document, or ``None`` when refused.
+
+        ``upsert`` creates the item when absent (an update without a condition does, in DynamoDB).
+        """
+        self._maybe_sweep()
+        written = item_size(to_item({PK: pk, **patch.written}))
+        if written > ITEM_MAX_BYTES:
+            raise ItemTooLargeError(pk, what, written, ITEM_MAX_BYTES)
+        named = {f"p{i}": p for i, p in enumerate(patch.params)}
+        expression = patch.expression
+        for i in range(len(patch.params)):
+            expression = expression.replace("?", f":p{i}", 1)
+        where = f" AND ({condition})" if condition else ""
+        with self._write() as db:
+            if upsert:
+                base = dumps({PK: pk, SK: sort_key_for(pk)})
+                db.execute("INSERT OR IGNORE INTO items (pk, doc) VALUES (:pk, :base)", {"pk": pk, "base": base})
+            row = db.execute(f"UPDATE items SET doc = {expression} WHERE pk = :pk{where} RETURNING doc",
+                             {"pk": pk, **named, **values}).fetchone()
+            return self._after(pk, what, written, row)
+
+    def _put(self, pk: str, attributes: dict[str, Any], condition: str, *, what: str,
+             **values: Any) -> tuple[bool, dict[str, Any]]:
+        """Write the whole item when absent or ``condition`` holds; ``(written, old item)``."""
+        self._maybe_sweep()
+        item = {name: value for name, value in attributes.items() if value is not None}
+        self._check_size(pk, what, item)
+        with self._write() as db:
+            row = db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
+            old: dict[str, Any] = json.loads(row[0]) if row else {}
+            if row is None:
+                db.execute("INSERT INTO items (pk, doc) VALUES (?, ?)", (pk, dumps(item)))
+                return True, old
+            count = db.execute(f"UPDATE items SET doc = :doc WHERE pk = :pk AND ({condition})",
+                               {"pk": pk, "doc": dumps(item), **values}).rowcount
+            return count == 1, old
+
+    # -- worker session ----------------------------------------------------------
+    def load_session(self, protocol: str, instance: str) -> tuple[SessionState, int] | None:
+        attrs = self._get(session_key(protocol, instance))
+        if attrs is None or float(attrs["expires_at"]) <= self._clock():
+            return None
+        return SessionState.model_validate(json.loads(attrs["session"])), int(attrs["version"])
+
+    def save_session(self, protocol: str, instance: str, session: SessionState,
+                     expected_version: int | None) -> int:
+        pk = session_key(protocol, instance)
+        now = self._clock()
+        patch = _Patch().set(session=dumps(session.to_record()), expires_at=session.expires_at,
+                             ttl=int(session.expires_at) + EXPIRED_RETENTION_SECONDS, updated_at=now,
+                             protocol=protocol, instance=instance)
+        if expected_version is None:
+            # None stored, or one load_session treats as absent (expired, not yet swept).
+            condition = f"{_attr('expires_at')} IS NULL OR {_attr('expires_at')} <= :now"
+            doc = self._update(pk, patch.add(version=1), condition, what="the session", upsert=True, now=now)
+        else:
+            # Optimistic concurrency: nobody saved a session since we loaded this version.
+            doc = self._update(pk, patch.set(version=expected_version + 1), f"{_attr('version')} = :expected",
+                               what="the session", expected=expected_version)
+        if doc is None:
+            raise StaleWriteError(f"session changed since version {expected_version} was loaded", key=pk)
+        return int(doc["version"])
+
+    # -- bootstrap lock ----------------------------------------------------------
+    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
+        pk = lock_key(name)
+        now = self._clock()
+        expires_at = now + ttl_seconds
+        item = {PK: pk, SK: sort_key_for(pk), "owner": owner, "expires_at": expires_at, "acquired_at": now,
+                TTL: int(expires_at) + EXPIRED_RETENTION_SECONDS}
+        # Free, abandoned (past its expiry), or already ours (re-entrant extend).
+        condition = f"{_attr('expires_at')} <= :now OR {_attr('owner')} = :owner"
+        return self._put(pk, item, condition, what="the lock", now=now, owner=owner)[0]
+
+    def release_lock(self, name: str, owner: str) -> bool:
+        pk = lock_key(name)
+        with self._write() as db:
+            # Only the holder frees it: a lock that expired and was taken by another stays theirs.
+            return db.execute(f"DELETE FROM items WHERE pk = :pk AND {_attr('owner')} = :owner",
+                              {"pk": pk, "owner": owner}).rowcount == 1
+
+    # -- delivery ledger: recording and dispatch -----------------------------------
+    def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
+                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None:
+        key = ledger_key_for(delivery)
+        now = self._clock()
+        item = {
+            PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value,
+            "delivery": dumps(delivery.to_record()), "protocol": delivery.protocol,
+            "handler": delivery.handler, "instance": instance, "attempt": delivery.attempt,
+            "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0, "recorded_at": now,
+            "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
+        }
+        # A settled item past its ttl counts as gone (the sweep deletes late).
+        condition = f"{_attr(TTL)} < :now"
+        if again_after_hand_back:
+            # Handed back (or a hand-back in progress), or reported "not found": see store.py.
+            condition += (f" OR {_attr('status')} = '{LedgerStatus.HANDED_BACK.value}'"
+                          f" OR ({_attr('status')} = '{LedgerStatus.RUNNING.value}'"
+                          f" AND substr({_attr('epoch')}, 1, {len(HANDBACK_EPOCH_PREFIX)}) = :handback)"
+                          f" OR {_attr('unknown_to_server')} = 1")
+        written, old = self._put(key, item, condition, what="the delivery", now=now,
+                                 handback=HANDBACK_EPOCH_PREFIX)
+        if not written:
+            # While in flight, note the redelivery (a "not found" report must then be sent again).
+            if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),
+                            what="the ledger item") is not None or not again_after_hand_back:
+                return None
+            written, old = self._put(key, item, condition, what="the delivery", now=now,
+                                     handback=HANDBACK_EPOCH_PREFIX)
+            if not written:
+                return None
+        if old.get("unknown_to_server") and old.get("outcome") is not None:
+            # A job the server forgot comes back with our outcome stored: re-report, never re-run.
+            self._transition(key, _Patch().set(outcome=old["outcome"], status=LedgerStatus.OUTCOME_STORED.value,
+                                               updated_at=now), _status_in([LedgerStatus.RECORDED]))
+        return key
+
+    def mark_dispatched(self, key: str) -> bool:
+        now = self._clock()
+        return self._transition(key, _Patch().set(status=LedgerStatus.DISPATCHED.value, updated_at=now,
+                                                  dispatched_at=now), _status_in([LedgerStatus.RECORDED]))
+
+    def mark_dispatch_failed(self, key: str, error: str) -> bool:
+        now = self._clock()
+        patch = _Patch().set(status=LedgerStatus.DISPATCH_FAILED.value, error=error, deadline=now, updated_at=now)
+        return self._transition(key, patch, _status_in([LedgerStatus.RECORDED, LedgerStatus.DISPATCHED]))
+
+    # -- delivery ledger: the run ---------------------------------------------------
+    def start_run(self, key: str, epoch: str, deadline: float) -> LedgerItem | None:
+        parse_ledger_key(key)
+        now = self._clock()
+        patch = (_Patch().set(status=LedgerStatus.RUNNING.value, epoch=epoch, deadline=deadline, updated_at=now)
+                 .set_if_missing(started_at=now).add(runs=1))
+        unstarted = [LedgerStatus.RECORDED, LedgerStatus.DISPATCHED]
+        if epoch.startswith(HANDBACK_EPOCH_PREFIX):
+            unstarted.append(LedgerStatus.DISPATCH_FAILED)  # claimed only to be handed back
+        doc = self._update(key, patch, f"{_status_in(unstarted)} OR ({_OWNED})", what="the run", epoch=epoch)
+        return LedgerItem.from_attributes(doc) if doc is not None else None
+
+    def take_over(self, key: str, *, old_epoch: str, new_epoch: str, deadline: float) -> bool:
+        parse_ledger_key(key)
+        patch = (_Patch().remove("cancel_reason", "handover_requested")
+                 .set(epoch=new_epoch, deadline=deadline, updated_at=self._clock(), renewals=0).add(runs=1))
+        # Compare-and-swap on the epoch: one successor wins.
+        return self._update(key, patch, _OWNED, what="the run", epoch=old_epoch) is not None
+
+    def get(self, key: str) -> LedgerItem | None:
+        parse_ledger_key(key)
+        attrs = self._get(key)
+        return LedgerItem.from_attributes(attrs) if attrs is not None else None
+
+    def save_checkpoint(self, key: str, epoch: str, checkpoint: Any, deadline: float | None = None) -> None:
+        self._fenced(key, epoch, _Patch().set(checkpoint=dumps(checkpoint), updated_at=self._clock(),
+                                              deadline=deadline), "the checkpoint")
+
+    def renew_deadline(self, key: str, epoch: str, deadline: float) -> int:
+        doc = self._fenced(key, epoch, _Patch().set(deadline=deadline, updated_at=self._clock()).add(renewals=1),
+                           "the deadline")
+        return int(doc["renewals"])
+
+    def save_callback_token(self, key: str, epoch: str, token: str) -> None:
+        self._fenced(key, epoch, _Patch().set(callback_token=token, updated_at=self._clock()), "the callback token")
+
+    def request_cancel(self, key: str, epoch: str, reason: str) -> bool:
+        return self._transition(key, _Patch().set(cancel_reason=reason, updated_at=self._clock()), _OWNED,
+                                epoch=epoch)
+
+    def request_handover(self, key: str, epoch: str) -> bool:
+        return self._transition(key, _Patch().set(handover_requested=True, updated_at=self._clock()), _OWNED,
+                                epoch=epoch)
+
+    def clear_handover(self, key: str, epoch: str) -> bool:
+        patch = _Patch().set(handover_requested=False, renewals=0, updated_at=self._clock())
+        return self._transition(key, patch, _OWNED, epoch=epoch)
+
+    def store_outcome(self, key: str, epoch: str, outcome: Outcome) -> None:
+        now = self._clock()
+        patch = _Patch().remove("checkpoint").set(outcome=compact_model(outcome),
+                                                  status=LedgerStatus.OUTCOME_STORED.value, updated_at=now,
+                                                  finished_at=now)
+        self._fenced(key, epoch, patch, "the outcome")
+
+    # -- delivery ledger: settling ------------------------------------------------
+    def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
+        now = self._clock()
+        patch = _Patch().set(report=compact_model(receipt), status=LedgerStatus.REPORTED.value,
+                             reported_at=now, updated_at=now)
+        if in_doubt(receipt):
+            patch.set(unknown_to_server=True)  # the job may come back: see record_delivery
+        return self._transition(key, patch, _status_in([LedgerStatus.OUTCOME_STORED]))
+
+    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool:
+        if receipt is None:
+            return self._final(key, LedgerStatus.ACKNOWLEDGED, _status_in([LedgerStatus.REPORTED]))
+        not_found = in_doubt(receipt)
+        condition = _status_in([LedgerStatus.OUTCOME_STORED, LedgerStatus.REPORTED])
+        if not_found:
+            condition = f"({condition}) AND NOT ({_exists('redelivered')})"
+        return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
+                           report=compact_model(receipt), unknown_to_server=not_found)
+
+    def clear_redelivered(self, key: str) -> bool:
+        return self._transition(key, _Patch().remove("redelivered").set(updated_at=self._clock()),
+                                _exists("redelivered"))
+
+    def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
+        return self._final(key, LedgerStatus.HANDED_BACK, _unreported(epoch), reason=reason, epoch=epoch)
+
+    def mark_discarded(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
+        return self._final(key, LedgerStatus.DISCARDED, _unreported(epoch), reason=reason, epoch=epoch)
+
+    def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
+        parse_ledger_key(key)
+        patch = _Patch().set(deadline=retry_at, error=error[:500], updated_at=self._clock()).add(settle_failures=1)
+        # Only while in flight: a final item left the index and must not be put back in it.
+        doc = self._update(key, patch, _exists(SCOPE), what="the ledger item")
+        return int(doc["settle_failures"]) if doc is not None else 0
+
+    def postpone(self, key: str, deadline: float) -> bool:
+        return self._transition(key, _Patch().set(deadline=deadline, updated_at=self._clock()), _exists(SCOPE))
+
+    def mark_abandoned(self, key: str, reason: str) -> bool:
+        return self._final(key, LedgerStatus.DISCARDED, _UNREPORTED, reason=reason, unknown_to_server=True)
+
+    # -- in flight -----------------------------------------------------------------
+    def _query(self, scope: str, select: str, extra: str, **values: Any) -> list[Any]:
+        """Rows of the in-flight index (``scope`` set only while in flight), soonest deadline first."""
+        self._count("read")
+        try:
+            return self._connection().execute(
+                f"SELECT {select} FROM items WHERE scope = :scope{extra} ORDER BY deadline",
+                {"scope": scope, **values}).fetchall()
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store query of {scope} failed: {err}") from err
+
+    def _in_flight_rows(self, scope: str, extra: str, **values: Any) -> list[dict[str, Any]]:
+        return [json.loads(row[0]) for row in self._query(scope, "doc", extra, **values)]
+
+    def count_in_flight(self, protocol: str, instance: str, *, live_at: float | None = None) -> int:
+        extra = " AND deadline >= :live_at" if live_at is not None else ""
+        return int(self._query(scope_of(protocol, instance), "count(*)", extra, live_at=live_at)[0][0])
+
+    def in_flight(self, protocol: str, instance: str) -> list[LedgerItem]:
+        items = (LedgerItem.from_attributes(doc) for doc in self._in_flight_rows(scope_of(protocol, instance), ""))
+        return [item for item in items if not item.is_final]
+
+    def stranded(self, protocol: str, instance: str, now: float) -> list[LedgerItem]:
+        docs = self._in_flight_rows(scope_of(protocol, instance), " AND deadline < :now", now=now)
+        return [item for item in map(LedgerItem.from_attributes, docs) if not item.is_final]
+
+    # -- counters and control --------------------------------------------------------
+    def add_counters(self, protocol: str, instance: str, **deltas: int) -> None:
+        check_counter_deltas(deltas)
+        if deltas:
+            # No condition: additions commute, and counters are statistics, not transitions.
+            self._update(counters_key(protocol, instance), _Patch().set(updated_at=self._clock()).add(**deltas),
+                         None, what="the counters", upsert=True)
+
+    def read_counters(self, protocol: str, instance: str) -> dict[str, int]:
+        attrs = self._get(counters_key(protocol, instance)) or {}
+        return {name: int(value) for name, value in attrs.items() if name not in NOT_COUNTERS}
+
+    def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
+        attrs = self._get(control_key(protocol, instance)) or {}
+        unfit = {}
+        for name, value in attrs.items():
+            if name.startswith(UNFIT_PREFIX):
+                record = json.loads(value)
+                unfit[record["handler"]] = record["reason"]
+        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
+                "unfit": unfit}
+
+    def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
+        attribute = unfit_attribute(handler)
+        patch = _Patch().set(**{attribute: dumps({"handler": handler, "reason": reason[:1000]}),
+                                "updated_at": self._clock()})
+        # One attribute per handler, set once: two executors finding it at once never lose either.
+        return self._update(control_key(protocol, instance), patch, f"NOT ({_exists(attribute)})",
+                            what="control", upsert=True) is not None
+
+    def clear_unfit(self, protocol: str, instance: str) -> None:
+        pk = control_key(protocol, instance)
+        names = [name for name in (self._get(pk) or {}) if name.startswith(UNFIT_PREFIX)]
+        if names:
+            self._update(pk, _Patch().remove(*names).set(updated_at=self._clock()), None, what="control")
+
+    def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
+        patch = _Patch().set(stopped=reason, updated_at=self._clock()) if reason else \
+            _Patch().remove("stopped").set(updated_at=self._clock())
+        self._update(control_key(protocol, instance), patch, None, what="control", upsert=True)
+
+    def set_draining(self, protocol: str, instance: str, draining: bool) -> None:
+        self._update(control_key(protocol, instance), _Patch().set(draining=bool(draining), updated_at=self._clock()),
+                     None, what="control", upsert=True)
+
+    # -- internals -------------------------------------------------------------------
+    def _transition(self, key: str, patch: _Patch, condition: str, **values: Any) -> bool:
+        parse_ledger_key(key)
+        return self._update(key, patch, condition, what="the ledger item", **values) is not None
+
+    def _fenced(self, key: str, epoch: str, patch: _Patch, what: str) -> dict[str, Any]:
+        parse_ledger_key(key)
+        # Only the run holding the epoch may change its item; anyone else lost it (reaped, taken over).
+        doc = self._update(key, patch, _OWNED, what=what, epoch=epoch)
+        if doc is None:
+            raise StaleWriteError(f"run {epoch!r} no longer owns this delivery; {what} was not saved", key=key)
+        return doc
+
+    def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
+               epoch: str | None = None, report: str | None = None, unknown_to_server: bool = False) -> bool:
+        now = self._clock()
+        # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
+        patch = _Patch().remove(SCOPE, DEADLINE, "checkpoint").set(
+            status=status.value, updated_at=now, ttl=int(now) + self._final_retention, error=reason, report=report,
+            unknown_to_server=True if unknown_to_server else None)
+        values = {"epoch": epoch} if epoch else {}
+        return self._transition(key, patch, condition, **values)
+
+
+def _unreported(epoch: str | None) -> str:
+    return f"({_UNREPORTED}) AND {_attr('epoch')} = :epoch" if epoch else _UNREPORTED
