@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ __all__ = [
     "ENV_PREFIX",
     "LOCAL_API_KEY",
     "LOCAL_PORTS",
+    "NOT_SETTINGS",
     "Protocol",
     "Settings",
     "environment_values",
@@ -53,21 +55,45 @@ def _env_name(field: str) -> str:
 
 
 
+# ``SW_`` variables that are not settings but that the project reads (test tiers, tooling):
+# they must not be reported as misspelt settings.
+NOT_SETTINGS = frozenset({"SW_DEPLOYED_TIER", "SW_LOCALSTACK_HOST", "SW_FAULT_SEED", "SW_FAULT_MATRIX_OUT"})
+_reported_unknown: set[str] = set()
+
+
 def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``SW_<NAME>`` variables that name a setting, by field name, as the text they hold.
 
-    Names match case-insensitively; empty variables count as unset; other ``SW_`` variables
-    are ignored (the pydantic-settings rules this replaces). Values stay text: the model's
-    validators parse them, and a structured setting parses its own text in a ``before``
-    validator (``handlers``, ``criteria``).
+    Names match case-insensitively; empty variables count as unset. Any other non-empty
+    ``SW_`` variable is ignored, with one warning per name naming the closest setting,
+    since a misspelt variable otherwise leaves its setting at the default without a word.
+    Values stay text: the model's validators parse them, and a structured setting parses
+    its own text in a ``before`` validator (``handlers``, ``criteria``).
     """
     prefix = ENV_PREFIX.lower()
     found: dict[str, str] = {}
     for name, value in (os.environ if environ is None else environ).items():
         key = name.lower()
-        if value and key.startswith(prefix) and key[len(prefix):] in Settings.model_fields:
+        if not value or not key.startswith(prefix):
+            continue
+        if key[len(prefix):] in Settings.model_fields:
             found[key[len(prefix):]] = value
+        else:
+            _report_unknown(name)
     return found
+
+
+def _report_unknown(name: str) -> None:
+    """Warn, once per process, that ``name`` is not a setting; never its value (it could be a key)."""
+    upper = name.upper()
+    if upper in NOT_SETTINGS or upper in _reported_unknown:
+        return
+    _reported_unknown.add(upper)
+    known = [_env_name(field) for field in Settings.model_fields]
+    close = difflib.get_close_matches(upper, known, n=1)
+    hint = f"did you mean {close[0]}?" if close else "`serverless-worker config` lists the settings"
+    logging.getLogger("serverless_worker.settings").warning(
+        "%s is not a setting and is ignored (%s)", name, hint)
 
 
 class Settings(BaseModel):

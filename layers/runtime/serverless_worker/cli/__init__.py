@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import ServerlessWorkerError
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "OneLineErrorParser", "build_parser", "main"]
 
 PROG = "serverless-worker"
 
@@ -37,9 +39,26 @@ SUBCOMMANDS: tuple[str, ...] = (
 EXIT_USAGE = 2
 
 
+# "argument --protocol: 'x' is not one of ..." (a ``type=`` function's message) reads as "--protocol 'x' ...".
+_QUOTED_VALUE_ERROR = re.compile(r"^argument (--[\w-]+)(?:/[\w-]+)*: (?=')")
+_FLAG_THEN_VALUE = r"\1 "
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit status 2, not the whole usage first.
+
+    With dozens of settings flags, argparse's usage ran to a screenful above the one line
+    that said what was wrong; ``--help`` still prints it all. Subparsers are of this class
+    too (``add_subparsers`` uses the parent's class).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {_QUOTED_VALUE_ERROR.sub(_FLAG_THEN_VALUE, message)}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog=PROG,
         description="Run job handlers for HTTP job-worker APIs on AWS Lambda, or locally.",
     )

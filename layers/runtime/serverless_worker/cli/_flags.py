@@ -8,13 +8,14 @@ so a flag and its variable are parsed and validated by the same code.
 from __future__ import annotations
 
 import argparse
+import difflib
 import types
 import typing
 from typing import Any
 
 from ..settings import ENV_PREFIX, Settings
 
-__all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "env_name", "flag_names",
+__all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "env_name", "flag_names", "one_of",
            "settings_from_args"]
 
 # The key itself never goes on a command line (shell history, ps): --api-key-env names a variable.
@@ -60,6 +61,23 @@ def _choices(annotation: Any) -> list[str] | None:
     return None
 
 
+def one_of(choices: list[str]) -> Any:
+    """An argparse ``type=`` that accepts one of ``choices``, else says which it is closest to.
+
+    argparse's own ``choices=`` message quotes every choice and suggests nothing; this one is
+    the line a newcomer needs: ``'pipelogic' is not one of pipelogiq, ... (did you mean 'pipelogiq'?)``.
+    """
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        close = difflib.get_close_matches(text.lower(), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}{hint}")
+
+    parse.__name__ = "choice"
+    return parse
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (see :func:`flag_names`), each defaulting to "not given"."""
     group = parser.add_argument_group(
@@ -76,7 +94,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             kwargs.update(action="store_const", const="true")
         elif choices:
-            kwargs.update(choices=choices, metavar="|".join(choices))
+            kwargs.update(type=one_of(choices), metavar="|".join(choices))
         elif kind is list:
             kwargs.update(nargs="+", metavar="NAME")
         elif kind in (int, float):

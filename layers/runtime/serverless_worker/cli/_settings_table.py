@@ -8,6 +8,7 @@ command's own default where it differs), and the field's description.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
 from ..settings import Settings
 from ._flags import LAMBDA_ONLY, NO_FLAG, env_name, flag_names
 
-__all__ = ["SettingRow", "settings_rows", "to_markdown"]
+__all__ = ["SettingRow", "settings_rows", "to_markdown", "to_text"]
 
 
 @dataclass(frozen=True)
@@ -106,3 +107,26 @@ def to_markdown(rows: list[SettingRow]) -> str:
                  row.description]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines)
+
+
+def to_text(rows: list[SettingRow], width: int = 80) -> str:
+    """One block per setting, readable at ``width`` columns (a terminal, not a wide table).
+
+    The variable and setting name head each block; defaults, flag and template parameter
+    follow as labelled lines, then the description, each wrapped to ``width``.
+    """
+    indent = "    "
+    blocks = []
+    for row in rows:
+        lines = [f"{row.env}  ({row.name})"]
+        labelled = [("default", row.default), ("local default", row.local_default), ("flag", row.flags),
+                    ("template", row.template)]
+        for label, value in labelled:
+            if value:
+                lines += textwrap.wrap(f"{label}: {value.replace('`', '')}", width, initial_indent=indent,
+                                       subsequent_indent=indent * 2, break_on_hyphens=False)
+        lines += textwrap.wrap(row.description, width, initial_indent=indent, subsequent_indent=indent,
+                               break_on_hyphens=False)
+        blocks.append("\n".join(lines))
+    title = "serverless-worker settings (flag > environment > local default > default)"
+    return "\n\n".join([title, *blocks])

@@ -1,7 +1,8 @@
 """``serverless-worker config``: every setting, generated from the ``Settings`` model.
 
 Lists each setting's environment variable, flag on the local command, template
-parameter, defaults and description. ``--markdown`` prints the table the README shows,
+parameter, defaults and description, one block per setting wrapped to the terminal
+(at most 100 columns), so it reads in an 80-column window. ``--markdown`` prints the table the README shows,
 so the README is regenerated from the code instead of drifting from it.
 
 Example::
@@ -12,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import shutil
 
 __all__ = ["register", "run"]
 
@@ -26,22 +28,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._settings_table import settings_rows, to_markdown
+    from ._settings_table import settings_rows, to_markdown, to_text
 
     rows = settings_rows()
     if args.markdown:
         print(to_markdown(rows))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="serverless-worker settings (flag > environment > local default > default)",
-                  title_justify="left", show_lines=False)
-    for column in ("environment variable", "local flag", "template parameter", "default", "local default"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("description", min_width=30, overflow="fold")
-    for row in rows:
-        table.add_row(row.env, row.flags.replace("`", ""), row.template.replace("`", ""),
-                      row.default.replace("`", ""), row.local_default.replace("`", ""), row.description)
-    Console().print(table)
+    print(to_text(rows, width=max(40, min(shutil.get_terminal_size().columns, 100))))
     return 0

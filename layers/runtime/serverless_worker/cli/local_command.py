@@ -122,8 +122,10 @@ def build_settings(args: argparse.Namespace) -> tuple[Settings, bool]:
 
 
 def _queue(queue: str, given: dict[str, Any], problems: list[str]) -> None:
-    if "handlers" in given:
-        problems.append("--queue, --handlers: give one of them (a claim queue's name is its handler's)")
+    if "handlers" in given and set(given["handlers"].split(",")) != {queue}:
+        # Naming the same queue twice is harmless; naming two different ones is a contradiction.
+        problems.append(f"--queue {queue}, --handlers {given['handlers']}: they name different handlers; "
+                        "give one of them (a claim queue's name is its handler's)")
     given["handlers"] = queue
     if "criteria" not in given:
         return

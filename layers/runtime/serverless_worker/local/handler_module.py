@@ -2,8 +2,10 @@
 
 ``SW_HANDLER_MODULE`` names a module (``functions.handlers`` by default; ``handlers`` in
 template.yaml, where ``functions/`` is the code root), a package directory or a ``.py``
-file. A dotted name is looked for in the project first (``<root>/functions/handlers``),
-since ``functions/`` is not an installed package, then imported as a module.
+file. Relative paths and dotted names are looked for in the working directory first,
+where the user typed them (``my_handlers`` is ``./my_handlers.py``, without needing
+``PYTHONPATH=.``), then in the project (``<root>``, ``<root>/functions``), since
+``functions/`` is not an installed package, and a dotted name last as an installed module.
 """
 
 from __future__ import annotations
@@ -28,22 +30,38 @@ def _importable(name: str) -> bool:
         return False
 
 
-def resolve_handler_module(name: str, root: Path) -> str:
-    """A path (file or package directory) or an importable dotted name for ``name``."""
+def _module_file(base: Path, parts: list[str]) -> Path | None:
+    """``base/a/b/__init__.py``'s package or ``base/a/b.py`` for the dotted name ``a.b``, if either exists."""
+    package, module = base.joinpath(*parts), base.joinpath(*parts[:-1], parts[-1] + ".py")
+    if (package / "__init__.py").is_file():
+        return package
+    return module if module.is_file() else None
+
+
+def resolve_handler_module(name: str, root: Path, cwd: Path | None = None) -> str:
+    """A path (file or package directory) or an importable dotted name for ``name``.
+
+    The working directory (``cwd``, by default the process's) comes before the project root.
+    """
+    here = cwd if cwd is not None else Path.cwd()
     if _is_path(name):
         path = Path(name)
-        return str(path if path.is_absolute() or path.exists() else root / path)
+        if path.is_absolute():
+            return str(path)
+        for base in (here, root):
+            if (base / path).exists():
+                return str(base / path)
+        raise ConfigurationError(f"SW_HANDLER_MODULE: no file or package {name!r} in {here} "
+                                 f"(nor under the project root {root})")
     parts = name.split(".")
-    for base in (root, root / "functions"):
-        package, module = base.joinpath(*parts), base.joinpath(*parts[:-1], parts[-1] + ".py")
-        if (package / "__init__.py").is_file():
-            return str(package)
-        if module.is_file():
-            return str(module)
+    for base in (here, root, root / "functions"):
+        found = _module_file(base, parts)
+        if found is not None:
+            return str(found)
     if _importable(name):
         return name
     raise ConfigurationError(f"SW_HANDLER_MODULE: {name!r} is neither a module nor a file or package "
-                             f"under {root}")
+                             f"in {here} or under {root}")
 
 
 def load_local_handlers(module: str, root: Path, wanted: list[str]) -> HandlerRegistry:

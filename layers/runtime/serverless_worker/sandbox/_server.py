@@ -22,12 +22,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
 
 import uvicorn
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
+
+from ._validation import reject_unknown, validate_body
 
 __all__ = [
     "FaultKind",
@@ -55,6 +57,8 @@ FaultKind = Literal[
 class FaultRule(BaseModel):
     """One fault: which endpoint label (``*`` for all), how likely, how many times."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt "probabilty" must not mean "always"
+
     kind: FaultKind
     endpoint: str = "*"
     probability: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -66,6 +70,8 @@ class FaultRule(BaseModel):
 
 class FaultPlan(BaseModel):
     """A set of rules drawn deterministically from ``seed``."""
+
+    model_config = ConfigDict(extra="forbid")
 
     seed: int = 0
     rules: list[FaultRule] = Field(default_factory=list)
@@ -224,7 +230,7 @@ class Sandbox(ABC):
                 self.faults.set(FaultPlan())
             elif request.method == "POST":  # GET reads the plan and what fired, unchanged
                 try:
-                    self.faults.set(FaultPlan.model_validate(await request.json()))
+                    self.faults.set(validate_body(FaultPlan, await request.json()))
                 except (ValueError, ValidationError) as err:
                     return json_error(400, f"bad fault plan: {err}")
             return JSONResponse({"plan": self.faults.plan.model_dump(), "fired": self.faults.log})
@@ -232,8 +238,9 @@ class Sandbox(ABC):
         async def admin_config(request: Request) -> Response:
             if request.method == "POST":
                 try:
-                    merged = {**self.config.model_dump(), **(await request.json())}
-                    self.config = self.config_model.model_validate(merged)
+                    changes = await request.json()
+                    reject_unknown(self.config_model, changes)
+                    self.config = validate_body(self.config_model, {**self.config.model_dump(), **changes})
                 except (ValueError, ValidationError) as err:
                     return json_error(400, f"bad config: {err}")
             return JSONResponse(self.config.model_dump())

@@ -51,6 +51,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ._server import Sandbox
+from ._validation import validate_body
 
 __all__ = ["ClaimQueueSandbox", "ClaimQueueSandboxConfig", "QueueSettings", "SeedQueue", "matches"]
 
@@ -210,7 +211,7 @@ class ClaimQueueSandbox(Sandbox):
         self._items.clear()
 
     def seed(self, body: Any) -> list[str]:
-        seeds = [SeedQueue.model_validate(one) for one in (body if isinstance(body, list) else [body])]
+        seeds = [validate_body(SeedQueue, one) for one in (body if isinstance(body, list) else [body])]
         created: list[str] = []
         for one in seeds:
             for payload in one.items:

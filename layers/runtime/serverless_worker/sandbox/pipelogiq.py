@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ._server import Sandbox, json_error
+from ._validation import validate_body
 
-__all__ = ["PipelogiqSandbox", "PipelogiqSandboxConfig"]
+__all__ = ["PipelogiqSandbox", "PipelogiqSandboxConfig", "SeedBody"]
 
 WORKER_STATES = frozenset({"starting", "ready", "degraded", "draining", "stopped", "error", "offline"})
 TERMINAL_ERROR_CODES = frozenset({"BUSINESS_REJECTED", "VALIDATION_ERROR"})
@@ -70,6 +71,56 @@ class PipelogiqSandboxConfig(BaseModel):
     poll_interval: float = 0.25
     max_result_bytes: int = 262_144
     max_request_bytes: int = 327_680
+
+
+class SeedOptions(BaseModel):
+    """A stage's retry and timeout options, as the pipeline API takes them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    maxRetries: int = Field(0, ge=0, strict=True)
+    retryInterval: int | float = Field(0, ge=0)
+    timeoutSeconds: int | float | None = Field(None, gt=0)
+
+
+class SeedStage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stageName: str
+    stageHandlerName: str = Field(min_length=1)
+    input: str = ""
+    options: SeedOptions | None = None
+
+
+class SeedPipeline(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    stages: list[SeedStage] = Field(min_length=1)
+    idempotencyKey: str | None = Field(None, min_length=1)
+
+
+class SeedRaw(BaseModel):
+    """An arbitrary message on a queue, to test how a worker decodes what it did not expect."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str
+    payload: Any = None
+    headers: dict[str, Any] = Field(default_factory=dict)
+
+
+class SeedBody(BaseModel):
+    """The admin seed body (see :meth:`PipelogiqSandbox.seed`); unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipelines: list[SeedPipeline] = Field(default_factory=list)
+    handler: str | None = Field(None, min_length=1)
+    inputs: list[Any] = Field(default_factory=list)
+    options: SeedOptions | None = None
+    raw: list[SeedRaw] = Field(default_factory=list)
+    applicationId: int | None = None
 
 
 class _Reject(Exception):
@@ -855,16 +906,17 @@ class PipelogiqSandbox(Sandbox):
         """``{"pipelines": [{name, stages}]}``, ``{"handler", "inputs", "options"}`` (one
         single-stage pipeline per input, JSON-encoded) and/or ``{"raw": [{queue, payload}]}``
         (arbitrary messages, to test decoding). Optional ``applicationId``."""
-        if not isinstance(body, dict):
-            raise ValueError("seed body must be an object")
-        app_id = body.get("applicationId", next(iter(self.config.api_keys.values())))
-        specs: list[dict[str, Any]] = list(body.get("pipelines") or [])
-        handler = body.get("handler")
-        if handler is not None:
-            for index, value in enumerate(body.get("inputs") or []):
-                specs.append({"name": f"{handler}-{index + 1}", "stages": [{
-                    "stageName": handler, "stageHandlerName": handler, "input": json.dumps(value),
-                    "options": body.get("options") or {}}]})
+        request = validate_body(SeedBody, body)
+        app_id = (request.applicationId if request.applicationId is not None
+                  else next(iter(self.config.api_keys.values())))
+        specs: list[dict[str, Any]] = [p.model_dump(exclude_unset=True, exclude_none=True)
+                                             for p in request.pipelines]
+        if request.handler is not None:
+            options = request.options.model_dump(exclude_unset=True) if request.options else {}
+            for index, value in enumerate(request.inputs):
+                specs.append({"name": f"{request.handler}-{index + 1}", "stages": [{
+                    "stageName": request.handler, "stageHandlerName": request.handler,
+                    "input": json.dumps(value), "options": options}]})
         pipeline_ids: list[int] = []
         job_ids: list[str] = []
         for spec in specs:
@@ -872,10 +924,8 @@ class PipelogiqSandbox(Sandbox):
             pipeline_ids.append(pipeline.pipeline_id)
             job_ids.extend(str(s) for s in pipeline.stage_ids)
         messages: list[str] = []
-        for raw in body.get("raw") or []:
-            if not isinstance(raw, dict) or not isinstance(raw.get("queue"), str):
-                raise ValueError("each raw message needs a queue")
-            message = _Message(uuid.uuid4().hex, raw["queue"], raw.get("payload"), raw.get("headers") or {})
+        for raw in request.raw:
+            message = _Message(uuid.uuid4().hex, raw.queue, raw.payload, raw.headers)
             self.queues.setdefault(message.queue, deque()).append(message)
             messages.append(message.message_id)
         return {"pipelineIds": pipeline_ids, "jobIds": job_ids, "messageIds": messages}

@@ -45,6 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ._server import DroppedResponse, Sandbox, json_error
+from ._validation import validate_body
 
 __all__ = ["PriostackSandbox", "PriostackSandboxConfig", "SeedBody", "SeedJob"]
 
@@ -157,7 +158,7 @@ class PriostackSandbox(Sandbox):
     # -- admin ------------------------------------------------------------------------
     def seed(self, body: Any) -> list[str]:
         """``{"jobs": [{"type", "variables", "retries", "count", "then"}]}`` -> job keys."""
-        request = SeedBody.model_validate(body)
+        request = validate_body(SeedBody, body)
         created: list[str] = []
         for spec in request.jobs:
             owner = spec.api_key or self.config.api_keys[0]
