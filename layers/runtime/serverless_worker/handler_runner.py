@@ -45,6 +45,7 @@ __all__ = [
     "RunResult",
     "decode_payload",
     "describe_validation_error",
+    "handler_budget",
     "run_handler",
 ]
 
@@ -155,6 +156,12 @@ def decode_payload(spec: HandlerSpec, delivery: Delivery) -> Any:
             f"payload does not match {model.__name__}: {describe_validation_error(err)}") from None
 
 
+def handler_budget(budget_seconds: float, handler_timeout: float | None) -> float:
+    """The seconds a run gets: the caller's budget, capped by the handler's own timeout
+    (a budget that is not above zero, NaN included, means the handler is not started)."""
+    return budget_seconds if handler_timeout is None else min(budget_seconds, handler_timeout)
+
+
 def run_handler(
     spec: HandlerSpec,
     delivery: Delivery,
@@ -190,7 +197,7 @@ def run_handler(
                   extra=_context(spec, delivery))
         return done(_failure(err, "input model raised "), started=False)
 
-    budget = budget_seconds if spec.timeout is None else min(budget_seconds, spec.timeout)
+    budget = handler_budget(budget_seconds, spec.timeout)
     if cancel_event is not None and cancel_event.is_set():
         early = _reason_of(cancel_event)
         return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code=early.upper(),
