@@ -13,6 +13,7 @@ import stamina
 from serverless_worker.sandbox import create_sandbox
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
+from support.clock import SANDBOX_MODULES, SandboxClock
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 # The deployed tier needs LocalStack and a SAM build: only `make test-deployed` collects it.
@@ -47,6 +48,16 @@ def serve() -> Iterator[Callable[..., SandboxServer]]:
     yield _serve
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def sandbox_clock(monkeypatch: pytest.MonkeyPatch) -> SandboxClock:
+    """The sandboxes' clock, moved by the test (``sandbox_clock.advance(seconds)``) to let a
+    lease or session lapse on the server without sleeping."""
+    clock = SandboxClock()
+    for module in SANDBOX_MODULES:
+        monkeypatch.setattr(f"{module}.time", clock)
+    return clock
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from typing import Any
 from serverless_worker.sandbox.admin import job_id
 from serverless_worker.state import LedgerItem
 from serverless_worker.state.items import from_item
+from support.waiting import poll, wait_for
 
 __all__ = [
     "HANDLERS_PATH",
@@ -142,18 +143,6 @@ def backdate(env: Any, key: str) -> None:
 
 
 # -- driving -------------------------------------------------------------------------------
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something true, and return that; fail naming
-    ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(interval)
-
-
 def run_until(env: Any, predicate: Callable[[], bool], *, what: str, window: float = 1.5,
               ticks: int = 4, settle: float = 0.5) -> list[dict[str, Any]]:
     """Tick, let every executor finish, and repeat until ``predicate`` holds (within
@@ -162,9 +151,6 @@ def run_until(env: Any, predicate: Callable[[], bool], *, what: str, window: flo
     for _ in range(ticks):
         reports.append(env.tick(window))
         env.stack.wait_idle(30)
-        deadline = time.monotonic() + settle
-        while time.monotonic() < deadline:
-            if predicate():
-                return reports
-            time.sleep(0.05)
+        if poll(predicate, settle):
+            return reports
     raise AssertionError(f"{what}: not reached after {ticks} ticks; reports: {reports}")

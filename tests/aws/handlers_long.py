@@ -90,7 +90,7 @@ def callback(job: Job[Any]) -> Any:
     client = _client()
 
     def external() -> None:
-        time.sleep(delay)
+        time.sleep(delay)  # the behaviour under test: the external system answers later
         if mode == "success":
             client.send_task_success(taskToken=token, output=json.dumps({"external": "done",
                                                                          "tag": job.input.get("tag")}))

@@ -12,7 +12,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-import requests
 from e2e_support import HANDLERS_PATH, PROTOCOLS, ledger
 
 from serverless_worker.state import LedgerStatus
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.aws
 
 def _worker_counters(env: Any) -> dict[str, Any]:
     """What the Pipelogiq sandbox holds from this worker's last heartbeat."""
-    workers = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()["workers"]
+    workers = env.admin.overview()["workers"]
     assert len(workers) == 1, workers
     return dict(workers[0]["counters"])
 

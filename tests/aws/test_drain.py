@@ -11,7 +11,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-import requests
 from e2e_support import (
     HANDLERS_PATH,
     PROTOCOLS,
@@ -38,7 +37,7 @@ def _on_server(protocol: str, env: Any) -> Counter[str]:
 
 
 def _pipelogiq_worker(env: Any) -> dict[str, Any]:
-    overview = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()
+    overview = env.admin.overview()
     (worker,) = overview["workers"]
     return {**worker, "inFlight": overview["inFlight"], "queued": sum(overview["queues"].values())}
 

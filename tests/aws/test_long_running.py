@@ -18,7 +18,6 @@ from typing import Any
 
 import handlers_long
 import pytest
-import requests
 from e2e_support import wait_for as poll
 
 from serverless_worker.outcome import OutcomeKind
@@ -138,9 +137,7 @@ def reports(env: Env) -> list[dict[str, Any]]:
 
 
 def revoke(env: Env, job_id: str) -> dict[str, Any]:
-    response = requests.post(f"{env.server.url}/_admin/pipelogiq/revoke", json={"jobId": job_id}, timeout=5)
-    response.raise_for_status()
-    return dict(response.json())
+    return env.admin.revoke(job_id)
 
 
 def assert_nothing_leaks(env: Env, secrets: list[str]) -> None:
@@ -201,8 +198,7 @@ def test_priostack_has_no_lease_so_the_renew_loop_keeps_the_ledger_deadline_fres
     dispatch(env)
     wait_for(lambda: handlers_long.runs_of("long-steady"), 10, "the handler to start")
     first = wait_for(lambda: [i for i in ledger(env) if i.renewals >= 1], 10, "a renewal")[0]
-    time.sleep(2.5)
-    later = ledger(env)[0]
+    later = wait_for(lambda: [i for i in ledger(env) if i.renewals > first.renewals], 10, "a later renewal")[0]
     (execution,) = executions(env)
 
     assert later.status is LedgerStatus.RUNNING and first.deadline is not None and later.deadline is not None
@@ -322,7 +318,7 @@ def test_a_refused_renewal_cancels_the_handler_and_server_recovery_runs_it_again
     assert item.status is LedgerStatus.DISCARDED and item.error == "lease lost while running"
     assert item.outcome is not None and item.outcome.kind is OutcomeKind.LEASE_LOST
     assert item.cancel_reason is not None and "renewal refused" in item.cancel_reason
-    overview = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()
+    overview = env.admin.overview()
     worker_events = overview["workers"][0]["events"]
     assert any(e["eventType"] == "job.lease_lost" for e in worker_events)
 

@@ -30,6 +30,7 @@ from support.moto_lambda import (
     dummy_zip,
     patch_definite_jsonpaths,
 )
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.aws
 
@@ -85,13 +86,12 @@ class Aws:
         arn = self.sfn.start_execution(
             stateMachineArn=machine_arn, name=f"ex-{uuid.uuid4().hex[:8]}", input=json.dumps(payload)
         )["executionArn"]
-        deadline = time.monotonic() + timeout
-        while True:
+        def finished() -> dict[str, Any] | None:
             described: dict[str, Any] = self.sfn.describe_execution(executionArn=arn)
-            if described["status"] != "RUNNING":
-                return described
-            assert time.monotonic() < deadline, f"execution still RUNNING after {timeout}s"
-            time.sleep(0.05)
+            return described if described["status"] != "RUNNING" else None
+
+        done: dict[str, Any] = wait_for(finished, timeout, "the execution to leave RUNNING")
+        return done
 
     def history(self, execution_arn: str) -> str:
         events = self.sfn.get_execution_history(executionArn=execution_arn)["events"]
@@ -175,6 +175,8 @@ class Worker:
             token = event["task_token"]
 
             def complete_later() -> None:
+                # The behaviour under test: a callback that arrives after the task returned,
+                # from outside, as a real worker's would (moto's clock cannot be moved).
                 time.sleep(0.2)
                 self.sfn.send_task_heartbeat(taskToken=token)
                 self.sfn.send_task_success(

@@ -57,7 +57,7 @@ def _session_fingerprint(env: Any) -> tuple[str, int]:
     loaded = env.stack.store().load_session("pipelogiq", instance(env))
     assert loaded is not None
     stored = hashlib.sha256(loaded[0].token.get_secret_value().encode()).hexdigest()[:12]
-    (worker,) = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()["workers"]
+    (worker,) = env.admin.overview()["workers"]
     assert worker["sessionFingerprint"] == stored, "the table must hold the token the server accepts now"
     return stored, int(worker["bootstraps"])
 

@@ -33,7 +33,7 @@ class Sleeps:
 
     def __call__(self, seconds: float) -> None:
         self.calls.append((time.time(), seconds))
-        time.sleep(seconds)
+        time.sleep(seconds)  # the scheduler's own wait, noted and kept: its timing is what is tested
 
     @property
     def waits(self) -> list[float]:

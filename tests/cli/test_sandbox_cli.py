@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from serverless_worker import __version__
 from serverless_worker.cli.sandbox_command import DEMO_SEEDS
 from serverless_worker.sandbox import SANDBOXES
 from serverless_worker.sandbox.admin import SandboxAdmin
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.cli
 
@@ -70,16 +70,13 @@ def _first_line(stream: IO[str], timeout: float) -> str:
 
 
 def _wait_for_admin(url: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def answers() -> bool:
         try:
-            if requests.get(f"{url}/_admin/jobs", timeout=2).ok:
-                return
+            return requests.get(f"{url}/_admin/jobs", timeout=2).ok
         except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"admin API at {url} never answered")
-        time.sleep(0.05)
+            return False
+
+    wait_for(answers, timeout, f"the admin API at {url} to answer")
 
 
 def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -6,19 +6,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import requests
 
 from serverless_worker.errors import InvalidApiKeyError, ServerUnavailableError
-from serverless_worker.protocols.base import PullRequest
-from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
-
-TOKEN = "sandbox-token"
-QUEUE = "resize"
+from support.claimqueue import QUEUE, TOKEN, ClientMaker, client_maker, job, pull
 
 
 @pytest.fixture
@@ -29,26 +24,9 @@ def queue(serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServe
 
 
 @pytest.fixture
-def client_for() -> Iterator[Callable[..., ClaimQueueClient]]:
-    clients: list[ClaimQueueClient] = []
-
-    def make(server: SandboxServer, **options: Any) -> ClaimQueueClient:
-        options.setdefault("worker_id", "box-1")
-        client = ClaimQueueClient(server.url, options.pop("token", TOKEN), **options)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
-
-
-def pull(client: ClaimQueueClient, criteria: dict[str, Any] | None = None, max_items: int = 1) -> list[Any]:
-    return client.pull(PullRequest(handler=QUEUE, max_items=max_items, criteria=criteria))
-
-
-def job(admin: SandboxAdmin, item_id: str) -> dict[str, Any]:
-    return next(j for j in admin.jobs() if j["id"] == item_id)
+def client_for() -> Iterator[ClientMaker]:
+    with client_maker() as make:
+        yield make
 
 
 def test_claim_hands_out_the_oldest_matching_item_with_its_lease(queue, client_for) -> None:

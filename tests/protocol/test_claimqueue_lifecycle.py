@@ -4,7 +4,6 @@ result retries. Client against the sandbox on loopback."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,9 +16,8 @@ from serverless_worker.protocols.base import Delivery, PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
-
-TOKEN = "sandbox-token"
-QUEUE = "resize"
+from support.claimqueue import QUEUE, TOKEN, ClientMaker, client_maker, events, job, success
+from support.waiting import wait_for
 
 
 @pytest.fixture
@@ -33,18 +31,9 @@ def start(serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServe
 
 
 @pytest.fixture
-def client_for() -> Iterator[Callable[..., ClaimQueueClient]]:
-    clients: list[ClaimQueueClient] = []
-
-    def make(server: SandboxServer, **options: Any) -> ClaimQueueClient:
-        options.setdefault("worker_id", "box-1")
-        client = ClaimQueueClient(server.url, options.pop("token", TOKEN), **options)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
+def client_for() -> Iterator[ClientMaker]:
+    with client_maker() as make:
+        yield make
 
 
 def claim_one(client: ClaimQueueClient) -> Delivery:
@@ -52,31 +41,12 @@ def claim_one(client: ClaimQueueClient) -> Delivery:
     return delivery
 
 
-def job(admin: SandboxAdmin, item_id: str) -> dict[str, Any]:
-    return next(j for j in admin.jobs() if j["id"] == item_id)
-
-
-def events(admin: SandboxAdmin, item_id: str, name: str) -> list[dict[str, Any]]:
-    return [h for h in job(admin, item_id)["history"] if h["event"] == name]
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
-def success(value: Any) -> Outcome:
-    return Outcome(kind=OutcomeKind.SUCCESS, value=value)
-
-
 def test_a_lapsed_lease_requeues_the_item_with_one_more_attempt(start, client_for) -> None:
     server, admin = start(lease_seconds=0.5)
     [item_id] = admin.seed({"queue": QUEUE, "items": [{"n": 1}]})
     first = claim_one(client_for(server))
 
-    wait_until(lambda: job(admin, item_id)["status"] == "pending")  # the sweep re-queued it
+    wait_for(lambda: job(admin, item_id)["status"] == "pending")  # the sweep re-queued it
     second = claim_one(client_for(server, worker_id="box-2"))
 
     assert (first.attempt, second.attempt) == (1, 2)
@@ -91,7 +61,7 @@ def test_a_late_result_after_a_lapse_is_accepted_and_ends_the_new_lease(start, c
     [item_id] = admin.seed({"queue": QUEUE, "items": [{"n": 1}]})
     slow, fast = client_for(server), client_for(server, worker_id="box-2")
     late = claim_one(slow)
-    wait_until(lambda: job(admin, item_id)["status"] == "pending")
+    wait_for(lambda: job(admin, item_id)["status"] == "pending")
     newer = claim_one(fast)
 
     receipt = slow.report(late, success({"output": "late"}))
@@ -112,7 +82,7 @@ def test_result_refused_when_another_worker_finished_first(start, client_for) ->
     [item_id] = admin.seed({"queue": QUEUE, "items": [{"n": 1}]})
     slow, fast = client_for(server), client_for(server, worker_id="box-2")
     late = claim_one(slow)
-    wait_until(lambda: job(admin, item_id)["status"] == "pending")
+    wait_for(lambda: job(admin, item_id)["status"] == "pending")
     fast.report(claim_one(fast), success({"output": "fast"}))
 
     with pytest.raises(ResultNotAcceptedError) as caught:
@@ -128,7 +98,7 @@ def test_the_queue_timeout_fails_the_item_and_refuses_results_and_progress(start
     client = client_for(server)
     delivery = claim_one(client)
 
-    wait_until(lambda: job(admin, item_id)["status"] == "failed")
+    wait_for(lambda: job(admin, item_id)["status"] == "failed")
     with pytest.raises(ResultNotAcceptedError) as result_refused:
         client.report(delivery, success({"output": "too late"}))
     with pytest.raises(ResultNotAcceptedError) as progress_refused:
@@ -146,7 +116,7 @@ def test_per_queue_overrides_apply_to_that_queue_only(start, client_for) -> None
     [fast_id] = admin.seed({"queue": "fast", "items": [{"n": 1}]})
     [slow_id] = admin.seed({"queue": QUEUE, "items": [{"n": 2}]})
 
-    wait_until(lambda: job(admin, fast_id)["status"] == "failed")
+    wait_for(lambda: job(admin, fast_id)["status"] == "failed")
 
     assert job(admin, slow_id)["status"] == "pending"
 
@@ -238,7 +208,7 @@ def test_a_timed_out_run_sends_nothing_and_the_lease_lapses(start, client_for, k
 
     assert (receipt.accepted, receipt.status) == (False, "lapsed")
     assert client.calls["result"] == 0
-    wait_until(lambda: job(admin, item_id)["status"] == "pending")
+    wait_for(lambda: job(admin, item_id)["status"] == "pending")
     assert claim_one(client).attempt == 2
 
 
@@ -255,7 +225,7 @@ def test_never_started_is_handed_back_not_reported(start, client_for) -> None:
     client.discard(delivery)
 
     assert sum(client.calls.values()) == 1  # only the claim
-    wait_until(lambda: job(admin, item_id)["status"] == "pending")
+    wait_for(lambda: job(admin, item_id)["status"] == "pending")
 
 
 def test_acquire_and_renew_return_the_claims_lease_without_a_call(start, client_for) -> None:
@@ -339,7 +309,7 @@ def test_a_refusal_after_an_unknown_outcome_is_still_refused_when_the_result_is_
     [item_id] = admin.seed({"queue": QUEUE, "items": [{"n": 1}]})
     slow, fast = client_for(server), client_for(server, worker_id="box-2")
     late = claim_one(slow)
-    wait_until(lambda: job(admin, item_id)["status"] == "pending")
+    wait_for(lambda: job(admin, item_id)["status"] == "pending")
     fast.report(claim_one(fast), success({"output": "fast"}))
     admin.faults([{"kind": "error_5xx", "endpoint": "result", "count": 1}])
 

@@ -22,13 +22,10 @@ from serverless_worker.errors import (
     ResultNotAcceptedError,
 )
 from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, PullRequest
-from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
-
-TOKEN = "sandbox-token"
-QUEUE = "resize"
+from support.claimqueue import QUEUE, TOKEN, ClientMaker, client_maker, events, job, pull, success
+from support.waiting import wait_for
 
 
 @pytest.fixture
@@ -43,19 +40,9 @@ def start(serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServe
 
 
 @pytest.fixture
-def client_for() -> Iterator[Callable[..., ClaimQueueClient]]:
-    clients: list[ClaimQueueClient] = []
-
-    def make(server: SandboxServer, **options: Any) -> ClaimQueueClient:
-        options.setdefault("worker_id", "box-1")
-        options.setdefault("transport", "socket")
-        client = ClaimQueueClient(server.url, options.pop("token", TOKEN), **options)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
+def client_for() -> Iterator[ClientMaker]:
+    with client_maker(transport="socket") as make:
+        yield make
 
 
 @pytest.fixture
@@ -80,30 +67,6 @@ def raw_socket() -> Iterator[Callable[..., ClientConnection]]:
 def ask(ws: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
     ws.send(json.dumps(message))
     return json.loads(ws.recv(timeout=5))
-
-
-def job(admin: SandboxAdmin, item_id: str) -> dict[str, Any]:
-    return next(j for j in admin.jobs() if j["id"] == item_id)
-
-
-def events(admin: SandboxAdmin, item_id: str, name: str) -> list[dict[str, Any]]:
-    return [h for h in job(admin, item_id)["history"] if h["event"] == name]
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
-def pull(client: ClaimQueueClient, max_items: int = 1, criteria: dict[str, Any] | None = None
-         ) -> list[Delivery]:
-    return client.pull(PullRequest(handler=QUEUE, max_items=max_items, criteria=criteria))
-
-
-def success(value: Any) -> Outcome:
-    return Outcome(kind=OutcomeKind.SUCCESS, value=value)
 
 
 # -- the sandbox's socket, raw -----------------------------------------------------------
@@ -166,7 +129,7 @@ def test_a_dropped_socket_requeues_its_items_immediately(start, raw_socket, clie
     third = ask(ws, {"claim": {"worker": "box-1"}})
 
     ws.close()
-    wait_until(lambda: job(admin, ids[0])["status"] == job(admin, ids[2])["status"] == "pending")
+    wait_for(lambda: job(admin, ids[0])["status"] == job(admin, ids[2])["status"] == "pending")
 
     assert (first["id"], third["id"]) == (ids[0], ids[2])
     assert job(admin, ids[1])["status"] == "finished"  # finished items stay finished
@@ -184,7 +147,7 @@ def test_a_socket_drop_does_not_touch_items_leased_elsewhere(start, raw_socket, 
     ask(ws, {"claim": {}})
 
     ws.close()
-    wait_until(lambda: job(admin, ids[1])["status"] == "pending")
+    wait_for(lambda: job(admin, ids[1])["status"] == "pending")
 
     assert over_http.job_id == ids[0] and job(admin, ids[0])["status"] == "processing"
 
@@ -316,7 +279,7 @@ def test_release_requeues_everything_on_the_socket_and_voids_the_leases(start, c
     assert client.acquire(got[0]).expires_at == got[0].lease_expires_at
 
     client.release(QUEUE)
-    wait_until(lambda: all(job(admin, i)["status"] == "pending" for i in ids))
+    wait_for(lambda: all(job(admin, i)["status"] == "pending" for i in ids))
 
     with pytest.raises(LeaseRefusedError):
         client.renew(got[1])
@@ -331,10 +294,13 @@ def test_hand_back_closes_the_socket_once_nothing_else_is_leased_on_it(start, cl
     client.report(third, success({"output": 3}))
 
     client.hand_back(first)  # `second` is still leased on the socket: leave it open
-    time.sleep(0.2)
+    # A round trip after the hand-back: the server answers it on the same, still open socket.
+    client.progress(second, {"step": 1})
+    assert events(admin, ids[1], "progress")[-1]["via"] == "socket"
+    assert admin.stats()["calls"]["work"] == 1
     assert job(admin, ids[0])["status"] == "processing"
     client.hand_back(second)  # the last one: close, which re-queues both now
-    wait_until(lambda: job(admin, ids[0])["status"] == job(admin, ids[1])["status"] == "pending")
+    wait_for(lambda: job(admin, ids[0])["status"] == job(admin, ids[1])["status"] == "pending")
 
     assert job(admin, ids[2])["status"] == "finished"
 

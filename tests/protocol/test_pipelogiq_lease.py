@@ -17,6 +17,9 @@ from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.sandbox.pipelogiq import PipelogiqSandbox
+from support.clock import SandboxClock
+from support.pipelogiq import history
+from support.waiting import wait_for
 
 KEY, OTHER_KEY = "sandbox-api-key", "key-of-app-13"
 SUCCESS = Outcome(kind=OutcomeKind.SUCCESS, value="done")
@@ -56,19 +59,6 @@ def pull(client: PipelogiqClient, max_items: int = 1) -> list[Delivery]:
     return client.pull(PullRequest(handler="echo", max_items=max_items, wait_seconds=2))
 
 
-def history(admin: SandboxAdmin, job_id: str, event: str | None = None) -> list[dict[str, Any]]:
-    job = next(j for j in admin.jobs() if j["job_id"] == job_id)
-    return [h for h in job["history"] if event is None or h["event"] == event]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def refusal(call: Callable[[], Any]) -> LeaseRefusedError:
@@ -99,15 +89,16 @@ def test_acquire_grants_a_lease_with_expiry_and_attempt(admin: SandboxAdmin, cli
     assert job["executions"][0]["lease"]["workerId"] == client.session.worker_id  # type: ignore[union-attr]
 
 
-def test_renew_extends_the_lease(admin: SandboxAdmin, client: PipelogiqClient) -> None:
+def test_renew_extends_the_lease(admin: SandboxAdmin, client: PipelogiqClient,
+                                 sandbox_clock: SandboxClock) -> None:
     admin.seed({"handler": "echo", "inputs": [1]})
     [delivery] = pull(client)
     first = client.acquire(delivery)
-    time.sleep(0.3)
+    sandbox_clock.advance(0.3)
     renewed = client.renew(delivery)
     assert first.expires_at is not None and renewed.expires_at is not None
     assert renewed.expires_at >= first.expires_at + 0.25
-    time.sleep(0.8)  # past the first expiry, within the renewed one
+    sandbox_clock.advance(0.8)  # past the first expiry, within the renewed one
     assert client.renew(delivery).renewable
 
 
@@ -171,14 +162,15 @@ def test_a_finished_pipeline_is_pipeline_terminal(admin: SandboxAdmin, client: P
 
 
 def test_an_expired_lease_awaiting_recovery_is_lease_expired(
-        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin]) -> None:
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
+        sandbox_clock: SandboxClock) -> None:
     server = serve("pipelogiq", lease_seconds=0.4, lease_recovery_delay=30)
     admin = admin_for(server)
     with PipelogiqClient(server.url, KEY) as client:
         client.open_session(WorkerIdentity(instance_id="i", handlers=["echo"]))
         first, duplicate = duplicated(admin, client, {"handler": "echo", "inputs": [1]})
         client.acquire(first)
-        time.sleep(0.6)
+        sandbox_clock.advance(0.6)
         expired = refusal(lambda: client.renew(first))
         assert (expired.reason, expired.action) == ("lease_expired", "leave")
         assert refusal(lambda: client.acquire(duplicate)).reason == "lease_expired"

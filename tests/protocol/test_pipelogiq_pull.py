@@ -30,6 +30,8 @@ from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.sandbox.pipelogiq import PipelogiqSandbox, _Message
+from support.pipelogiq import history, overview
+from support.waiting import wait_for
 
 KEY = "sandbox-api-key"
 QUEUE = "app_12_echo_StageNext"
@@ -56,23 +58,6 @@ def pull(client: PipelogiqClient, max_items: int = 1, wait: float = 0) -> list[D
     return client.pull(PullRequest(handler="echo", max_items=max_items, wait_seconds=wait))
 
 
-def overview(server: SandboxServer) -> dict[str, Any]:
-    return requests.get(f"{server.url}/_admin/pipelogiq", timeout=5).json()
-
-
-def history(admin: SandboxAdmin, job_id: str, event: str | None = None) -> list[dict[str, Any]]:
-    job = next(j for j in admin.jobs() if j["job_id"] == job_id)
-    return [h for h in job["history"] if event is None or h["event"] == event]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def raw_pull(server: SandboxServer, body: Any, key: str = KEY) -> requests.Response:
@@ -126,10 +111,12 @@ def test_wait_is_capped_at_20_seconds(server: SandboxServer, admin: SandboxAdmin
 def test_an_empty_queue_answers_204_at_the_deadline(server: SandboxServer, client: PipelogiqClient) -> None:
     started = time.monotonic()
     assert pull(client, wait=0) == []
-    assert time.monotonic() - started < 0.5
+    at_once = time.monotonic() - started
     started = time.monotonic()
     assert pull(client, wait=1) == []
-    assert 0.9 <= time.monotonic() - started < 3
+    held = time.monotonic() - started
+    # A ratio within the run, not a fixed sub-second bound: load slows both pulls alike.
+    assert held >= 0.9 and at_once < held / 2, (at_once, held)
     assert [p["status"] for p in overview(server)["pulls"]] == [204, 204]
 
 
@@ -141,7 +128,7 @@ def test_the_long_poll_returns_work_published_while_waiting(admin: SandboxAdmin,
     deliveries = pull(client, wait=5)
     timer.join()
     assert len(deliveries) == 1 and deliveries[0].payload == '"late"'
-    assert 0.4 <= time.monotonic() - started < 2.5
+    assert 0.4 <= time.monotonic() - started < 4.5  # before the 5 s deadline, however loaded
 
 
 def test_the_read_timeout_exceeds_the_requested_wait(server: SandboxServer) -> None:

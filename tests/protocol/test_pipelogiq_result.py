@@ -5,7 +5,6 @@ codes, and the result extras (docs/protocols.md)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +24,8 @@ from serverless_worker.protocols.base import Delivery, PullRequest, WorkerIdenti
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
+from support.pipelogiq import history, job, overview
+from support.waiting import wait_for
 
 KEY = "sandbox-api-key"
 RESULT_CAP, REQUEST_CAP = 262_144, 327_680
@@ -54,22 +55,6 @@ def take(client: PipelogiqClient, handler: str = "echo") -> Delivery:
     return delivery
 
 
-def job(admin: SandboxAdmin, job_id: str) -> dict[str, Any]:
-    return next(j for j in admin.jobs() if j["job_id"] == job_id)
-
-
-def history(admin: SandboxAdmin, job_id: str, event: str) -> list[dict[str, Any]]:
-    return [h for h in job(admin, job_id)["history"] if h["event"] == event]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.03)
-    raise AssertionError("condition not met in time")
 
 
 def settled(admin: SandboxAdmin, job_id: str) -> dict[str, Any]:
@@ -308,7 +293,7 @@ def test_a_report_is_retried_with_the_same_bytes(server: SandboxServer, admin: S
     admin.faults(faults)
     receipt = client.report(delivery, Outcome(kind=OutcomeKind.SUCCESS, value={"ok": 1}))
     assert receipt.accepted
-    sent = [r for r in requests.get(f"{server.url}/_admin/pipelogiq", timeout=5).json()["requests"]
+    sent = [r for r in overview(server)["requests"]
             if r["label"] == "result"]
     assert len(sent) == receipt.detail["attempts"] == client.calls["result"] >= 2
     assert len({r["bodySha256"] for r in sent}) == 1

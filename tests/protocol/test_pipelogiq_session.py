@@ -35,6 +35,8 @@ from serverless_worker.protocols.pipelogiq_models import BootstrapResponse
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.sandbox.pipelogiq import PipelogiqSandbox
+from support.clock import SandboxClock
+from support.pipelogiq import overview
 
 KEY = "sandbox-api-key"
 OTHER_KEY = "other-application-key"
@@ -65,10 +67,6 @@ def make_client(server: SandboxServer) -> Iterator[Callable[..., PipelogiqClient
     yield _make
     for client in clients:
         client.close()
-
-
-def overview(server: SandboxServer) -> dict[str, Any]:
-    return requests.get(f"{server.url}/_admin/pipelogiq", timeout=5).json()
 
 
 def worker_view(server: SandboxServer, worker_id: str) -> dict[str, Any]:
@@ -222,13 +220,13 @@ def test_rebootstrap_of_the_same_instance_replaces_the_token(
 
 
 def test_an_expired_session_is_told_apart_and_heartbeats_do_not_extend_it(
-        serve: Callable[..., SandboxServer]) -> None:
+        serve: Callable[..., SandboxServer], sandbox_clock: SandboxClock) -> None:
     server = serve("pipelogiq", session_ttl_seconds=0.8)
     with PipelogiqClient(server.url, KEY) as client:
         client.open_session(WorkerIdentity(instance_id="i", handlers=["echo"]))
-        time.sleep(0.4)
+        sandbox_clock.advance(0.4)
         client.heartbeat(WorkerStatus(state="ready"))  # still valid, and does not extend
-        time.sleep(0.6)
+        sandbox_clock.advance(0.6)
         with pytest.raises(SessionExpiredError, match="expired"):
             client.heartbeat(WorkerStatus(state="ready"))
         client.pull(PullRequest(handler="echo", max_items=1))  # pull checks only the key

@@ -130,7 +130,7 @@ def test_activation_answers_at_once_with_an_empty_list(env) -> None:
     started = time.monotonic()
     body = {"type": "t", "maxJobsToActivate": 5, "requestTimeout": 30_000, "worker": "w", "timeout": 9}
     assert raw_http.activate(body) == []
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10  # not the 30 s requestTimeout
 
 
 def test_an_activated_job_leaves_the_queue_and_never_expires(env) -> None:

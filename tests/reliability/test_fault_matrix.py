@@ -13,7 +13,6 @@ protocol really lacks the endpoint the fault needs.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +26,7 @@ from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance
 from reliability.invariants import Observed, check, observe, record_na, record_row
 from serverless_worker.sandbox import create_sandbox
 from serverless_worker.state import LedgerStatus
+from support.waiting import poll
 
 pytestmark = pytest.mark.aws
 
@@ -118,11 +118,8 @@ def _drive(env: Env, *, ticks: int = 5, window: float = 1.5, settle: float = 1.5
         except AssertionError as err:  # WorkerStack.invoke: the function returned an error
             failures.append(str(err)[:200])
         env.stack.wait_idle(30)
-        deadline = time.monotonic() + settle
-        while time.monotonic() < deadline:
-            if until(env):
-                return reports, failures
-            time.sleep(0.1)
+        if poll(lambda: until(env), settle, interval=0.1):
+            return reports, failures
     return reports, failures
 
 
@@ -153,7 +150,7 @@ def _events(observed: Observed, *names: str) -> int:
 
 
 def _bootstraps(env: Env) -> int:
-    (worker,) = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()["workers"]
+    (worker,) = env.admin.overview()["workers"]
     return int(worker["bootstraps"])
 
 
@@ -217,7 +214,7 @@ def _same_body_retries(env: Env, observed: Observed) -> str:
     """Where the sandbox records request bodies, check that a retried result carried the
     same bytes; the phrase for the row."""
     if env.protocol == "pipelogiq":
-        overview = requests.get(f"{env.server.url}/_admin/pipelogiq", timeout=5).json()
+        overview = env.admin.overview()
         per_path: dict[str, set[str]] = {}
         for request in overview["requests"]:
             if request["label"] == "result":

@@ -270,8 +270,7 @@ def test_handler_runs_past_its_budget(worker_env: Any, fault_runs: Any, protocol
 
 # -- 4. a lease refused mid-run (long-running path) --------------------------------------------------------------
 def _revoke(env: Env, job_id: str) -> None:
-    requests.post(f"{env.server.url}/_admin/pipelogiq/revoke", json={"jobId": job_id},
-                  timeout=5).raise_for_status()
+    env.admin.revoke(job_id)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -27,6 +27,7 @@ from serverless_worker.errors import ConfigurationError
 from serverless_worker.protocols._http import HttpTransport
 from serverless_worker.protocols.factory import create_client
 from serverless_worker.settings import Settings
+from support.waiting import poll
 
 pytestmark = pytest.mark.aws
 
@@ -123,10 +124,7 @@ def _run_until(env: Env, check: Callable[[], bool], ticks: list[Any], *, window:
     for _ in range(limit):
         ticks.append(env.tick(window))
         env.stack.wait_idle(30)
-        deadline = time.monotonic() + 5  # results apply asynchronously; executions take a moment
-        while not check() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if check():
+        if poll(check, 5, interval=0.1):  # results apply asynchronously; executions take a moment
             return
     raise AssertionError(f"not done after {limit} ticks: {ticks[-limit:]}")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
@@ -32,6 +31,7 @@ from serverless_worker.local.template import param_default, state_machine_defini
 from .dynamodb import create_state_table
 from .moto_lambda import InProcessLambda, abort_running_executions, dummy_zip, patch_definite_jsonpaths
 from .template import TEMPLATE_PATH, load_template
+from .waiting import wait_for
 
 __all__ = ["FUNCTIONS", "MOTO_CONFIG", "REGION", "WorkerStack"]
 
@@ -175,13 +175,12 @@ class WorkerStack:
         return self.sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]
 
     def wait_for_executions(self, timeout: float = 30.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
+        def finished() -> list[dict[str, Any]]:
             executions = self.executions()
-            if executions and all(e["status"] != "RUNNING" for e in executions):
-                return executions
-            assert time.monotonic() < deadline, f"executions still running: {executions}"
-            time.sleep(0.1)
+            return executions if executions and all(e["status"] != "RUNNING" for e in executions) else []
+
+        executions: list[dict[str, Any]] = wait_for(finished, timeout, "every execution to finish", interval=0.1)
+        return executions
 
     def history(self, execution_arn: str) -> str:
         events = self.sfn.get_execution_history(executionArn=execution_arn)["events"]

@@ -10,7 +10,7 @@ import pytest
 from moto import mock_aws
 
 from serverless_worker.runtime.counters import CounterBuffer
-from serverless_worker.state import StateStore
+from serverless_worker.state import DynamoStateStore
 from support.dynamodb import create_state_table
 
 REGION = "eu-west-1"
@@ -30,7 +30,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_a_refused_write_keeps_the_counts_for_the_next_flush(aws: None) -> None:
     client = boto3.client("dynamodb", region_name=REGION)
     name = "counters-not-yet-created"
-    store = StateStore(name, client=client)
+    store = DynamoStateStore(name, client=client)
     counters = CounterBuffer(store, "pipelogiq", "blue", flush_seconds=0)
 
     counters.add(processed=1, failed=1)  # the table does not exist: the write fails, quietly

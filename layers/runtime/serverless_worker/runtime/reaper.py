@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 from ..errors import ServerlessWorkerError
 from ..outcome import Outcome, OutcomeKind
@@ -26,9 +27,31 @@ from ..state.items import LedgerItem, LedgerStatus
 from .services import Services
 from .settle import HANDBACK_PREFIX, SETTLE_ATTEMPTS_MAX, acknowledge, hand_back, handback_epoch, settle
 
-__all__ = ["ReapReport", "reap"]
+__all__ = ["ReapAction", "ReapReport", "reap", "reap_action"]
 
 log = logging.getLogger("serverless_worker.reaper")
+
+
+ReapAction = Literal["abandon", "hand_back", "hand_back_again", "time_out", "resettle", "acknowledge"]
+
+
+def reap_action(item: LedgerItem) -> ReapAction | None:
+    """What the reaper does with a stranded ``item``, decided from the item alone (pure,
+    so each case is tested as a table); ``None``: nothing it can finish."""
+    status = str(item.status)
+    if item.settle_failures >= SETTLE_ATTEMPTS_MAX:
+        return "abandon"
+    if status.endswith(("RECORDED", "DISPATCHED", "DISPATCH_FAILED")):
+        return "hand_back"
+    if status.endswith("RUNNING") and str(item.epoch or "").startswith(HANDBACK_PREFIX):
+        return "hand_back_again"
+    if status.endswith("RUNNING"):
+        return "time_out"
+    if status.endswith("OUTCOME_STORED") and item.outcome is not None:
+        return "resettle"
+    if status.endswith("REPORTED"):
+        return "acknowledge"
+    return None
 
 
 @dataclass
@@ -51,34 +74,34 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
     now = services.clock()
     for item in store.stranded(services.protocol_name, services.instance, now)[:limit]:
         epoch = f"reaper:{uuid.uuid4()}"
-        status = str(item.status)
+        action = reap_action(item)
         running = item.epoch  # the run holding a RUNNING item (always set for one)
         try:
-            if item.settle_failures >= SETTLE_ATTEMPTS_MAX:
+            if action == "abandon":
                 report.abandoned += _abandon(services, item)
-            elif status.endswith(("RECORDED", "DISPATCHED", "DISPATCH_FAILED")):
+            elif action == "hand_back":
                 claim = handback_epoch()
                 if store.start_run(item.key, epoch=claim, deadline=now + grace) is not None:
                     hand_back(services, item.key, item.delivery, "never started before its deadline", epoch=claim)
                     report.handed_back += 1
-            elif status.endswith("RUNNING") and running is not None and running.startswith(HANDBACK_PREFIX):
+            elif action == "hand_back_again" and running is not None:
                 # A hand-back whose call failed: the handler never ran, so hand back again.
                 claim = handback_epoch()
                 if store.take_over(item.key, old_epoch=running, new_epoch=claim, deadline=now + grace):
                     hand_back(services, item.key, item.delivery, "earlier hand-back did not complete",
                               epoch=claim)
                     report.handed_back += 1
-            elif status.endswith("RUNNING") and running is not None:
+            elif action == "time_out" and running is not None:
                 if store.take_over(item.key, old_epoch=running, new_epoch=epoch, deadline=now + grace):
                     outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="EXECUTOR_LOST",
                                       message="the executor stopped before storing an outcome")
                     store.store_outcome(item.key, epoch, outcome)
                     settle(services, item.key, item.delivery, outcome)
                     report.timed_out += 1
-            elif status.endswith("OUTCOME_STORED") and item.outcome is not None:
+            elif action == "resettle" and item.outcome is not None:
                 settle(services, item.key, item.delivery, item.outcome)
                 report.resettled += 1
-            elif status.endswith("REPORTED"):
+            elif action == "acknowledge":
                 acknowledge(services, item.key, item.delivery)
                 report.resettled += 1
         except ServerlessWorkerError as err:

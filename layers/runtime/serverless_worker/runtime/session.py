@@ -21,7 +21,7 @@ from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
 if TYPE_CHECKING:
     from ..state.contract import StateStore
 
-__all__ = ["SessionKeeper", "SessionUnavailableError"]
+__all__ = ["SessionKeeper", "SessionUnavailableError", "needs_refresh"]
 
 log = logging.getLogger("serverless_worker.session")
 
@@ -90,7 +90,7 @@ class SessionKeeper:
             return self._bootstrap(protocol, stale=stale)
 
     def _fresh(self, session: SessionState | None) -> bool:
-        return session is not None and not session.expires_within(self._margin, self._clock())
+        return not needs_refresh(session, self._margin, self._clock())
 
     def _bootstrap(self, protocol: WorkerProtocol, stale: SessionState | None) -> SessionState | None:
         lock = f"bootstrap#{self._protocol_name}#{self._instance}"
@@ -124,6 +124,12 @@ class SessionKeeper:
             return session
         finally:
             self._store.release_lock(lock, self._owner)
+
+
+def needs_refresh(session: SessionState | None, margin: float, now: float) -> bool:
+    """Whether ``session`` must be replaced before use: missing, or expiring within
+    ``margin`` seconds of ``now`` (refreshing early means no call races the expiry)."""
+    return session is None or session.expires_within(margin, now)
 
 
 def _same(a: SessionState | None, b: SessionState | None) -> bool:

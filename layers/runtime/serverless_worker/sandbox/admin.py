@@ -60,5 +60,13 @@ class SandboxAdmin:
     def reset(self) -> None:
         self._call("POST", "reset")
 
+    def overview(self) -> dict[str, Any]:
+        """Pipelogiq only: workers, sessions, pulls, requests and what is in flight."""
+        return self._call("GET", "pipelogiq")
+
+    def revoke(self, job_id: str | int) -> dict[str, Any]:
+        """Pipelogiq only: revoke a stage's lease, as an operator would."""
+        return self._call("POST", "pipelogiq/revoke", {"jobId": job_id})
+
     def close(self) -> None:
         self._http.close()
