@@ -134,11 +134,12 @@ def in_flight(env: Any) -> int:
 
 def backdate(env: Any, key: str) -> None:
     """Move a ledger item's deadline into the past: time passing, without the wait (a run's
-    deadline is the executor's whole Lambda timeout plus a grace)."""
+    deadline is the executor's whole Lambda timeout plus a grace). Both the index's
+    ``deadline`` and the item's own ``due`` move (docs/ledger.md, write units)."""
     env.stack.dynamodb.update_item(
         TableName=env.stack.table_name, Key={"pk": {"S": key}, "sk": {"S": "delivery"}},
-        UpdateExpression="SET #deadline = :past", ConditionExpression="attribute_exists(#deadline)",
-        ExpressionAttributeNames={"#deadline": "deadline"},
+        UpdateExpression="SET #deadline = :past, #due = :past", ConditionExpression="attribute_exists(#deadline)",
+        ExpressionAttributeNames={"#deadline": "deadline", "#due": "due"},
         ExpressionAttributeValues={":past": {"N": repr(time.time() - 1)}})
 
 
