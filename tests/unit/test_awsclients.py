@@ -17,6 +17,7 @@ from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError
 from serverless_worker.settings import load_settings
 from serverless_worker.state import DynamoStateStore
+from support.aws_env import use_fake_aws_credentials
 from support.dynamodb import create_state_table
 
 REGION = "eu-west-1"
@@ -24,11 +25,7 @@ REGION = "eu-west-1"
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-                        "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        monkeypatch.setenv(name, value)
+    use_fake_aws_credentials(monkeypatch, REGION)
     parameters.clear_caches()
     with mock_aws():
         yield

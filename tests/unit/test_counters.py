@@ -11,6 +11,7 @@ from moto import mock_aws
 
 from serverless_worker.runtime.counters import CounterBuffer
 from serverless_worker.state import DynamoStateStore
+from support.aws_env import use_fake_aws_credentials
 from support.dynamodb import create_state_table
 
 REGION = "eu-west-1"
@@ -18,11 +19,7 @@ REGION = "eu-west-1"
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-                        "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        monkeypatch.setenv(name, value)
+    use_fake_aws_credentials(monkeypatch, REGION)
     with mock_aws():
         yield
 

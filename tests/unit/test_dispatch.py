@@ -17,6 +17,7 @@ from serverless_worker.awsclients import LazyClient
 from serverless_worker.local.dispatcher import LocalDispatcher
 from serverless_worker.local.observe import RunObserver
 from serverless_worker.runtime.dispatch import AwsDispatcher, DispatchError
+from support.aws_env import use_fake_aws_credentials
 
 REGION = "eu-west-1"
 MOTO_CONFIG: Any = {"stepfunctions": {"execute_state_machine": True}}
@@ -24,11 +25,7 @@ MOTO_CONFIG: Any = {"stepfunctions": {"execute_state_machine": True}}
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-                        "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        monkeypatch.setenv(name, value)
+    use_fake_aws_credentials(monkeypatch, REGION)
     with mock_aws(config=MOTO_CONFIG):
         yield
 
