@@ -30,11 +30,12 @@ class Env:
     stack: WorkerStack
 
     def seed(self, handler: str, inputs: list[Any], **options: Any) -> Any:
-        """Seed jobs for ``handler`` in the protocol's own admin format."""
+        """Seed jobs for ``handler`` in the protocol's own admin format. ``retries`` is
+        Priostack's count; the other options are Pipelogiq's (its sandbox refuses unknown ones)."""
+        retries = options.pop("retries", 3)
         if self.protocol == "pipelogiq":
             return self.admin.seed({"handler": handler, "inputs": inputs, "options": options})
         if self.protocol == "priostack":
-            retries = options.get("retries", 3)
             return self.admin.seed({"jobs": [{"type": handler, "variables": v, "retries": retries}
                                              for v in inputs]})
         return self.admin.seed({"queue": handler, "items": inputs})
