@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,13 +159,12 @@ _MOTO = """
 import logging, sys
 from contextlib import ExitStack
 from moto.server import ThreadedMotoServer
-from serverless_worker.local import aws
+from serverless_worker.local import moto_adapter
 for name in ("werkzeug", "moto"):
     logging.getLogger(name).setLevel(logging.CRITICAL)
 patches = ExitStack()
-aws._cache_module_list(patches)
-aws._unsorted_scan_in_queries(patches)
-aws.serialize_dynamodb(patches)
+moto_adapter.tune_dynamodb(patches, long_lived=False)
+moto_adapter.serialize_dynamodb(patches)
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 host, port = server.get_host_and_port()
@@ -232,34 +232,24 @@ class EmbeddedDynamoCpu:
     def __init__(self) -> None:
         self._seconds = 0.0
         self._lock = threading.Lock()
-        self._patch: Any = None
+        self._patches = ExitStack()
 
     def cpu_seconds(self) -> float:
         with self._lock:
             return self._seconds
 
+    def _add(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += seconds
+
     def __enter__(self) -> EmbeddedDynamoCpu:
-        from unittest import mock
+        from serverless_worker.local.moto_adapter import time_dynamodb_requests
 
-        from moto.dynamodb.responses import DynamoHandler
-
-        original = DynamoHandler.dispatch
-
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
-            started = time.thread_time()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                spent = time.thread_time() - started
-                with self._lock:
-                    self._seconds += spent
-
-        self._patch = mock.patch.object(DynamoHandler, "dispatch", dispatch)
-        self._patch.start()
+        time_dynamodb_requests(self._patches, self._add)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._patch.stop()
+        self._patches.close()
 
 
 @dataclass

@@ -4,6 +4,7 @@ need: the handlers of ``reliability_handlers.py`` and the API key in Secrets Man
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +30,26 @@ class SecretsManagerKey:
     """The worker's API key as a Secrets Manager secret in the stack's moto, with a count of
     every GetSecretValue that reached Secrets Manager (Powertools' cache hits do not)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, patches: ExitStack, value: str) -> None:
         import boto3
-        from moto.secretsmanager.models import SecretsManagerBackend
 
         from serverless_worker import logsafety
+        from serverless_worker.local.moto_adapter import count_secret_reads
         from serverless_worker.runtime.entry import reset_services
 
         # This fixture's own Secrets Manager calls carry the value too: hold the SDK's body
         # loggers as the worker does, so only the worker's own output is under test.
         logsafety.hold_sdk_loggers()
         self.reads = 0
-        original = SecretsManagerBackend.get_secret_value
-
-        def counted(backend: Any, *args: Any, **kwargs: Any) -> Any:
-            self.reads += 1
-            return original(backend, *args, **kwargs)
-
-        monkeypatch.setattr(SecretsManagerBackend, "get_secret_value", counted)
+        count_secret_reads(patches, self._count_read)
         self._client = boto3.client("secretsmanager", region_name="us-east-1")
         self.arn = self._client.create_secret(Name=f"sw-api-key-{id(self)}", SecretString=value)["ARN"]
         monkeypatch.delenv("SW_API_KEY", raising=False)
         monkeypatch.setenv("SW_API_KEY_SECRET_ARN", self.arn)
         reset_services()  # the next invocation builds the runtime from this environment
+
+    def _count_read(self) -> None:
+        self.reads += 1
 
     def rotate(self, value: str) -> None:
         self._client.put_secret_value(SecretId=self.arn, SecretString=value)
@@ -64,5 +62,6 @@ def secret_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from aws_lambda_powertools.utilities import parameters
 
     parameters.clear_caches()
-    yield lambda value: SecretsManagerKey(monkeypatch, value)
+    with ExitStack() as patches:
+        yield lambda value: SecretsManagerKey(monkeypatch, patches, value)
     parameters.clear_caches()

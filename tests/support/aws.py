@@ -16,20 +16,18 @@ import uuid
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Any
-from unittest import mock
 
 import boto3
 import pytest
 from moto import mock_aws
-from moto.awslambda_simple.models import LambdaSimpleBackend
 
-from serverless_worker.local.aws import serialize_dynamodb
+from serverless_worker.local import moto_adapter
 from serverless_worker.local.template import param_default, state_machine_definition
 
 from .dynamodb import create_state_table
-from .moto_lambda import InProcessLambda, abort_running_executions, dummy_zip, patch_definite_jsonpaths
+from .moto_lambda import InProcessLambda, abort_running_executions, dummy_zip
 from .template import TEMPLATE_PATH, load_template
 from .waiting import wait_for
 
@@ -84,18 +82,11 @@ class WorkerStack:
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         lambdas = InProcessLambda()
         retry_sleeps: list[float] = []
-        from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
-
-        def invoke(backend: LambdaSimpleBackend, *args: Any) -> bytes:
-            return lambdas.backend_invoke(backend, *args)
-
         stack.enter_context(mock_aws(config=MOTO_CONFIG))
-        stack.enter_context(mock.patch.object(LambdaSimpleBackend, "invoke", invoke))
-        # Retry IntervalSeconds are real sleeps in moto: record them instead.
-        sleeps = SimpleNamespace(sleep=retry_sleeps.append)
-        stack.enter_context(mock.patch.object(retrier_decl, "time", sleeps))
-        patch_definite_jsonpaths(stack)
-        serialize_dynamodb(stack)
+        moto_adapter.route_lambda_invoke(stack, lambdas.backend_invoke)
+        moto_adapter.record_retry_sleeps(stack, retry_sleeps.append)  # recorded, not slept
+        moto_adapter.patch_definite_jsonpaths(stack)
+        moto_adapter.serialize_dynamodb(stack)
 
         iam = boto3.client("iam", region_name=REGION)
         role = iam.create_role(RoleName=f"sw-{uuid.uuid4().hex[:6]}",

@@ -6,6 +6,7 @@ the tests take them from there too, so there is one copy.
 
 from __future__ import annotations
 
+from serverless_worker.local.moto_adapter import abort_running_executions, patch_definite_jsonpaths
 from serverless_worker.local.moto_lambda import (
     FakeLambdaContext,
     Handler,
@@ -14,7 +15,6 @@ from serverless_worker.local.moto_lambda import (
     dummy_zip,
     error_payload,
 )
-from serverless_worker.local.moto_sfn import abort_running_executions, patch_definite_jsonpaths
 
 __all__ = [
     "FakeLambdaContext",

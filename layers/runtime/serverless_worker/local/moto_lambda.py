@@ -1,8 +1,9 @@
 """Run the project's Lambda code inside moto: an in-process replacement for
 ``LambdaSimpleBackend.invoke`` with a Lambda-like context (see docs/moto-notes.md).
 
-Used by the local runner (the state machine's Task states call the steps entry point
-through it) and by the AWS test tier (every function's real ``app.py``).
+``moto_adapter.route_lambda_invoke`` installs it. Used by the local runner (the state
+machine's Task states call the steps entry point through it) and by the AWS test tier
+(every function's real ``app.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from moto.awslambda_simple.models import LambdaSimpleBackend
+if TYPE_CHECKING:
+    from moto.awslambda_simple.models import LambdaSimpleBackend
 
 __all__ = [
     "FakeLambdaContext",
