@@ -45,7 +45,7 @@ def test_a_missing_moto_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_installed_moto_is_the_one_checked() -> None:
-    assert moto_adapter.MOTO_VERSION == metadata.version("moto")
+    assert metadata.version("moto") == moto_adapter.MOTO_VERSION
 
 
 def test_pyproject_pins_the_range_the_adapter_supports() -> None:

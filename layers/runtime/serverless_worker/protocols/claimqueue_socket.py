@@ -29,9 +29,9 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
@@ -44,6 +44,7 @@ from .claimqueue_models import SocketAck, SocketItem, raise_for_answer
 __all__ = ["ClaimQueueSocket"]
 
 log = logging.getLogger("serverless_worker.protocols.claimqueue")
+_Message = TypeVar("_Message", bound=BaseModel)
 
 # websockets logs the handshake's request headers (our Authorization header) and every
 # frame at DEBUG. Its connections log to logsafety's wire logger instead, held at INFO and
@@ -232,7 +233,7 @@ class ClaimQueueSocket:
                 log.debug("closing the work socket failed: %s", type(err).__name__)
 
     @staticmethod
-    def _model(model: type[Any], data: dict[str, Any], *, endpoint: str) -> Any:
+    def _model(model: type[_Message], data: dict[str, Any], *, endpoint: str) -> _Message:
         try:
             return model.model_validate(data)
         except ValidationError:
