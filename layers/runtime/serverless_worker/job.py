@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from pydantic import BaseModel
 
@@ -224,30 +224,34 @@ def _wait_on_event(event: threading.Event, seconds: float) -> bool:
     return event.wait(seconds)
 
 
+class JobFields(TypedDict, total=False):
+    """The keywords of ``Job.__init__``, for the runtime to pass through (defaults live there)."""
+
+    raw_payload: Any
+    attempt: int
+    retries_left: int | None
+    deadline: float | None
+    job_id: str
+    ledger_id: str | None
+    protocol: str
+    handler: str
+    checkpoint: Any
+    callback_token: str | None
+
+
 def runtime_job[InputT](
     input: InputT,
     *,
-    raw_payload: Any = None,
-    attempt: int = 1,
-    retries_left: int | None = None,
-    deadline: float | None = None,
-    job_id: str = "local",
-    ledger_id: str | None = None,
-    protocol: str = "local",
-    handler: str = "",
-    checkpoint: Any = None,
-    callback_token: str | None = None,
     clock: Clock | ModuleType = time,
     reporter: ProgressReporter | None = None,
     waiter: Waiter | None = None,
+    **fields: Unpack[JobFields],
 ) -> Job[InputT]:
     """A Job wired to the runtime's clock and progress reporter (and, for fake time, a waiter).
 
     Kept out of ``Job.__init__`` so a handler author never sees these knobs.
     """
-    job: Job[InputT] = Job(input, raw_payload=raw_payload, attempt=attempt, retries_left=retries_left,
-                           deadline=deadline, job_id=job_id, ledger_id=ledger_id, protocol=protocol,
-                           handler=handler, checkpoint=checkpoint, callback_token=callback_token)
+    job: Job[InputT] = Job(input, **fields)
     job._clock = clock
     job._reporter = reporter
     if waiter is not None:

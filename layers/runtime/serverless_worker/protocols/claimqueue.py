@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
 from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -40,7 +40,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, RetryPolicy
+from ._http import HttpResponse
 from .base import Delivery, Lease, PullRequest, ReportReceipt
 from .claimqueue_models import (
     ClaimAnswer,
@@ -51,7 +51,7 @@ from .claimqueue_models import (
     ResultAnswer,
     raise_for_answer,
 )
-from .http_client import DEFAULT_RETRY, HttpProtocolClient
+from .http_client import HttpOptions, HttpProtocolClient
 
 if TYPE_CHECKING:
     from .claimqueue_socket import ClaimQueueSocket
@@ -131,15 +131,9 @@ class ClaimQueueClient(HttpProtocolClient):
         *,
         worker_id: str = "serverless-worker",
         transport: Transport = "http",
-        retry: RetryPolicy = DEFAULT_RETRY,
-        connect_timeout: float = 3.05,
-        read_timeout: float = 10.0,
-        allow_insecure_http: bool = False,
-        pool_maxsize: int = 64,
+        **http: Unpack[HttpOptions],
     ) -> None:
-        super().__init__(base_url, token, retry=retry, connect_timeout=connect_timeout,
-                         read_timeout=read_timeout, allow_insecure_http=allow_insecure_http,
-                         pool_maxsize=pool_maxsize)
+        super().__init__(base_url, token, **http)
         if transport not in ("http", "socket"):
             raise ConfigurationError(f"claim queue transport must be http or socket, got {transport!r}")
         self._token = self._credential  # the same SecretStr: the work socket's handshake credential

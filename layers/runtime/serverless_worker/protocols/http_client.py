@@ -8,7 +8,7 @@ counted and retried, and how the credential is held, is decided once, here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from pydantic import SecretStr
 
@@ -16,10 +16,21 @@ from .. import logsafety
 from ._http import HttpTransport, RetryPolicy, header_credential, retry_call
 from .base import WorkerProtocol
 
-__all__ = ["DEFAULT_RETRY", "HttpProtocolClient"]
+__all__ = ["DEFAULT_RETRY", "HttpOptions", "HttpProtocolClient"]
 
 DEFAULT_RETRY = RetryPolicy()
 _MASK = "SecretStr('**********')"
+
+
+class HttpOptions(TypedDict, total=False):
+    """The transport settings every client takes as keywords, passed through to
+    :class:`HttpProtocolClient` unchanged (its signature holds the defaults)."""
+
+    retry: RetryPolicy
+    connect_timeout: float
+    read_timeout: float
+    allow_insecure_http: bool
+    pool_maxsize: int
 
 
 class HttpProtocolClient(WorkerProtocol):

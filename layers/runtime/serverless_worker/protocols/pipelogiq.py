@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_core import to_json
@@ -44,7 +44,7 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, RetryPolicy
+from ._http import HttpResponse
 from .base import (
     Delivery,
     Lease,
@@ -55,7 +55,7 @@ from .base import (
     WorkerIdentity,
     WorkerStatus,
 )
-from .http_client import DEFAULT_RETRY, HttpProtocolClient
+from .http_client import HttpOptions, HttpProtocolClient
 from .pipelogiq_models import (
     MAX_RESULT_BYTES,
     MAX_RESULT_REQUEST_BYTES,
@@ -144,15 +144,9 @@ class PipelogiqClient(HttpProtocolClient):
         api_key: SecretStr | str,
         *,
         session_ttl_seconds: float = 86400,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        connect_timeout: float = 3.05,
-        read_timeout: float = 10.0,
-        allow_insecure_http: bool = False,
-        pool_maxsize: int = 64,
+        **http: Unpack[HttpOptions],
     ) -> None:
-        super().__init__(base_url, api_key, retry=retry, connect_timeout=connect_timeout,
-                         read_timeout=read_timeout, allow_insecure_http=allow_insecure_http,
-                         pool_maxsize=pool_maxsize)
+        super().__init__(base_url, api_key, **http)
         if session_ttl_seconds <= 0:
             raise ConfigurationError("session_ttl_seconds must be positive")
         self._session_ttl = session_ttl_seconds

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, ClassVar, Literal, NoReturn, TypeVar
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar, Unpack
 from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -38,7 +38,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse, RetryPolicy
+from ._http import HttpResponse
 from .base import (
     Delivery,
     PullRequest,
@@ -47,7 +47,7 @@ from .base import (
     WorkerIdentity,
     WorkerStatus,
 )
-from .http_client import DEFAULT_RETRY, HttpProtocolClient
+from .http_client import HttpOptions, HttpProtocolClient
 from .priostack_models import (
     ActivateRequest,
     ActivateResponse,
@@ -114,15 +114,9 @@ class PriostackClient(HttpProtocolClient):
         api_prefix: str = "/api/v1",
         register: bool = False,
         group_name: str | None = None,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        connect_timeout: float = 3.05,
-        read_timeout: float = 10.0,
-        allow_insecure_http: bool = False,
-        pool_maxsize: int = 64,
+        **http: Unpack[HttpOptions],
     ) -> None:
-        super().__init__(base_url, api_key, retry=retry, connect_timeout=connect_timeout,
-                         read_timeout=read_timeout, allow_insecure_http=allow_insecure_http,
-                         pool_maxsize=pool_maxsize)
+        super().__init__(base_url, api_key, **http)
         if auth not in ("header", "bearer", "query"):
             raise ConfigurationError(f"Priostack auth must be header, bearer or query, got {auth!r}")
         self._auth: AuthMode = auth
