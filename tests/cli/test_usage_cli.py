@@ -1,8 +1,8 @@
 """CLI tier: what a newcomer sees first, run as the real console script.
 
 A mistyped ``--protocol`` is one line on stderr with exit 2; ``serverless-worker config``
-reads in an 80-column terminal, one block per setting, while ``--markdown`` stays the
-README's table.
+reads in an 80-column terminal, one block per setting, while ``--markdown`` prints the
+table docs/settings.md holds, which is checked to be its output.
 """
 
 from __future__ import annotations
@@ -59,3 +59,5 @@ def test_config_markdown_is_still_the_table() -> None:
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("| setting | environment variable | local flag | template parameter |")
+    assert result.stdout.strip() in (ROOT / "docs" / "settings.md").read_text(), \
+        "docs/settings.md is stale: paste `serverless-worker config --markdown` into it"

@@ -1,5 +1,5 @@
 """The settings table, generated from the ``Settings`` model and template.yaml, so the
-README's copy is regenerated rather than maintained (``serverless-worker config --markdown``).
+copy in docs/settings.md is regenerated rather than maintained (``serverless-worker config --markdown``).
 
 Each row: the setting, its environment variable, its flag on the local command, the
 template parameter (or resource) the stack feeds it from, its default (and the local

@@ -2,8 +2,8 @@
 
 Lists each setting's environment variable, flag on the local command, template
 parameter, defaults and description, one block per setting wrapped to the terminal
-(at most 100 columns), so it reads in an 80-column window. ``--markdown`` prints the table the README shows,
-so the README is regenerated from the code instead of drifting from it.
+(at most 100 columns), so it reads in an 80-column window. ``--markdown`` prints the table docs/settings.md shows,
+so that page is regenerated from the code instead of drifting from it.
 
 Example::
 
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "config", help="list every setting: environment variable, flag, template parameter, default",
         description="List every setting of the worker, generated from its settings model and template.yaml.")
-    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (the README's)")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (the one in docs/settings.md)")
     parser.set_defaults(handler=run)
 
 
