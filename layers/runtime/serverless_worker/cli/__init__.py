@@ -32,6 +32,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "sandbox",
     "invoke",
     "drain",
+    "doctor",
     "config",
 )
 

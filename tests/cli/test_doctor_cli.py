@@ -1,0 +1,141 @@
+"""CLI tier: ``serverless-worker doctor`` against real sandboxes, as a subprocess.
+
+It must pass a good setup, fail a refused credential or an unreachable server on the
+check that names it, take no job while checking, and (Pipelogiq ``--smoke``) work a
+two-stage pipeline whose first stage is retried once, as the server's smoke script does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serverless_worker.sandbox.admin import SandboxAdmin
+
+pytestmark = pytest.mark.cli
+
+PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
+CLI = Path(sys.executable).with_name("serverless-worker")
+SECRET = "doctor-k3y-never-printed-51c2"
+SANDBOX_KEYS: dict[str, dict[str, Any]] = {
+    "pipelogiq": {"api_keys": {SECRET: 12}},
+    "priostack": {"api_keys": [SECRET]},
+    "claimqueue": {"tokens": [SECRET]},
+}
+SEEDS: dict[str, dict[str, Any]] = {
+    "pipelogiq": {"handler": "greet", "inputs": [{"name": "Ada"}]},
+    "priostack": {"jobs": [{"type": "greet", "variables": {"name": "Ada"}, "retries": 3}]},
+    "claimqueue": {"queue": "greet", "items": [{"name": "Ada"}]},
+}
+HANDLERS = '''
+from serverless_worker import handler
+
+
+@handler("greet")
+def greet(job):
+    return {"message": "hello " + job.input["name"]}
+'''
+
+
+def doctor(tmp_path: Path, protocol: str, url: str, *args: str, key: str = SECRET) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "doctor_handlers.py").write_text(HANDLERS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")}
+    env["DOCTOR_KEY"] = key
+    return subprocess.run([str(CLI), "doctor", "--protocol", protocol, "--url", url, "--api-key-env", "DOCTOR_KEY",
+                           "--handler-module", "doctor_handlers.py", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def untaken(protocol: str, job: dict[str, Any]) -> bool:
+    """Nobody has been handed the job: no delivery, activation or claim."""
+    if protocol == "pipelogiq":
+        return job["status"] == "Pending" and [e["event"] for e in job["history"]] == ["execution_created"]
+    if protocol == "priostack":
+        return job["state"] == "waiting" and job["activations"] == []
+    return job["status"] == "pending" and job["attempts"] == 0
+
+
+def lines(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """``{check name: its line}`` from the report."""
+    found = {}
+    for line in result.stdout.splitlines()[1:]:
+        verdict, name, *_ = line.split()
+        found[name] = line
+        assert verdict in ("ok", "FAIL", "PASS"), line
+    return found
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_good_setup_passes_and_no_job_is_taken(tmp_path: Path, serve: Any, protocol: str) -> None:
+    server = serve(protocol, **SANDBOX_KEYS[protocol])
+    admin = SandboxAdmin(server.url)
+    admin.seed(SEEDS[protocol])
+
+    result = doctor(tmp_path, protocol, server.url)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = lines(result)
+    assert report["handlers"].split()[0] == "ok" and "greet" in report["handlers"]
+    assert report["server"].split()[0] == "ok" and "accepted" in report["server"]
+    assert [job for job in admin.jobs() if not untaken(protocol, job)] == []
+    assert SECRET not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_refused_credential_fails_the_server_check(tmp_path: Path, serve: Any, protocol: str) -> None:
+    server = serve(protocol, **SANDBOX_KEYS[protocol])
+
+    result = doctor(tmp_path, protocol, server.url, key="not-the-key")
+
+    assert result.returncode == 1
+    server_line = lines(result)["server"]
+    assert server_line.split()[0] == "FAIL"
+    assert "401" in server_line or "rejected" in server_line.lower(), server_line
+    assert "not-the-key" not in result.stdout + result.stderr
+
+
+def test_an_unreachable_server_fails_the_server_check(tmp_path: Path) -> None:
+    result = doctor(tmp_path, "priostack", "http://127.0.0.1:9")  # nothing listens on the discard port
+
+    assert result.returncode == 1
+    assert "ServerUnavailableError" in lines(result)["server"]
+    assert "retry_scheduled" not in result.stderr
+
+
+def test_the_pipelogiq_smoke_works_two_stages_and_retries_the_first(tmp_path: Path, serve: Any) -> None:
+    server = serve("pipelogiq", **SANDBOX_KEYS["pipelogiq"])
+    admin = SandboxAdmin(server.url)
+    admin.seed(SEEDS["pipelogiq"])
+
+    result = doctor(tmp_path, "pipelogiq", server.url, "--smoke")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines(result)["smoke"].startswith("  PASS  smoke")
+    smoke = [job for job in admin.jobs() if job["handler"] == "serverless-worker-smoke"]
+    assert {job["stageName"]: job["status"] for job in smoke} == {"first": "Completed", "second": "Completed"}
+    assert {job["stageName"]: len(job["executions"]) for job in smoke} == {"first": 2, "second": 1}
+    assert [job for job in admin.jobs() if job["handler"] == "greet" and not untaken("pipelogiq", job)] == []
+
+
+def test_the_smoke_is_refused_where_there_is_no_pipeline(tmp_path: Path, serve: Any) -> None:
+    server = serve("priostack", **SANDBOX_KEYS["priostack"])
+
+    result = doctor(tmp_path, "priostack", server.url, "--smoke")
+
+    assert result.returncode == 1
+    assert lines(result)["smoke"].split()[0] == "FAIL"
+
+
+def test_without_a_server_it_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "doctor_handlers.py").write_text(HANDLERS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")}
+    result = subprocess.run([str(CLI), "doctor", "--handler-module", "doctor_handlers.py"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--url" in result.stderr, result.stderr
