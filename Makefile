@@ -110,7 +110,8 @@ test-deployed: venv sam-venv ## sam deploy the stack into LocalStack and run eve
 run: venv ## run the demo worker locally against the built-in sandboxes
 	$(VENV)/bin/serverless-worker local $(RUN_ARGS)
 
-# Throughput, calls and DynamoDB requests per job, cold start, latency, cost and dispatch rate,
+# Throughput, calls and DynamoDB requests per job, cold start, latency, cost, dispatch rate and
+# DynamoDB write units per job against the 6-unit target,
 # in one run (under ten minutes; BENCH_ARGS=--quick: about two). Table on stdout, JSON in
 # bench-results/bench.json. Run it on an otherwise idle machine: it measures CPU-bound code.
 bench: venv ## benchmarks: throughput, calls/job, cold start, latency, cost (BENCH_ARGS=--quick)

@@ -23,6 +23,7 @@ TARGETS: dict[str, tuple[Callable[[float], bool], str]] = {
     "f_while_work": (lambda v: v <= 1.0, "<= $1 / month"),
     "f_continuous": (lambda v: v <= 3.0, "<= $3 / month"),
     "g_rate": (lambda v: v >= 200, ">= 200 / s"),
+    "h_write_units": (lambda v: v <= 6, "<= 6 write units / job"),
 }
 
 
@@ -66,6 +67,8 @@ def verdicts(results: dict[str, Any]) -> dict[str, str]:
         "e_p50": _verdict("e_p50", (r.get("p50_s") for r in results.get("latency", {}).values())),
         "g_rate": _verdict("g_rate", (r.get("dispatches_per_s")
                                       for r in results.get("dispatch", {}).values())),
+        "h_write_units": _verdict("h_write_units", (r.get("ledger_units_per_job")
+                                                    for r in results.get("write_units", {}).values())),
     }
 
 
@@ -249,6 +252,24 @@ def _dispatch(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     return out
 
 
+def _write_units(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    units, ps = _present(results, "write_units")
+    if not ps:
+        return []
+    out = ["", "(h) DynamoDB write units per job on the short path (1 KB units; the in-flight index's own)"]
+    rows = [_row("ledger writes / job", units, ps, lambda r: _fmt(r["ledger_writes_per_job"])),
+            _row("table units / job", units, ps, lambda r: _fmt(r["ledger_table_units_per_job"])),
+            _row("in-flight index units / job", units, ps, lambda r: _fmt(r["ledger_index_units_per_job"])),
+            _row("ledger units / job", units, ps, lambda r: _fmt(r["ledger_units_per_job"])),
+            _row("sessions, locks, counters / job", units, ps, lambda r: _fmt(r["other_units_per_job"])),
+            _row("$ per million jobs, ledger writes", units, ps, lambda r: _fmt(r["usd_per_million_jobs"])),
+            _row("settled item, bytes", units, ps, lambda r: _fmt(r["ledger_item_bytes"], 0))]
+    out += _table(["", *ps], rows)
+    out.append(f"    target {marks['h_write_units']} (on-demand write request units at "
+               f"${_fmt(next(iter(units.values()))['usd_per_million_units'], 3)} per million)")
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
     meta = results.get("meta", {})
     marks = verdicts(results)
@@ -257,7 +278,7 @@ def render(results: dict[str, Any]) -> str:
            f"{meta.get('jobs')} jobs per protocol, concurrency {meta.get('concurrency')}, batch "
            f"{meta.get('batch_size')}, {'quick' if meta.get('quick') else 'full'} mode, "
            f"{_fmt(meta.get('seconds'), 0)} s"]
-    for section in (_throughput, _coldstart, _latency, _cost, _dispatch):
+    for section in (_throughput, _coldstart, _latency, _cost, _dispatch, _write_units):
         out += section(results, marks)
     if results.get("errors"):
         out += ["", "errors: " + "; ".join(results["errors"])]

@@ -29,7 +29,7 @@ from .harness import PROTOCOLS
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("throughput", "latency", "dispatch", "idle", "coldstart")
+STEPS = ("throughput", "latency", "dispatch", "idle", "coldstart", "write_units")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"meta": meta, "throughput": {}, "latency": {}, "dispatch": {}, "idle_tick": {},
                                "executor_alone": {}, "errors": []}
     _measure_with_aws(args, results, defaults, jobs=jobs, concurrency=concurrency)
+    if "write_units" not in args.skip:
+        results["write_units"] = _write_units(args.protocols, jobs=30 if args.quick else 100)
     if "coldstart" not in args.skip:
         from .coldstart import FUNCTIONS, measure_coldstart
 
@@ -163,6 +165,22 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
     finally:
         dynamodb.close()
         aws.close()
+
+
+def _write_units(protocols: list[str], *, jobs: int) -> dict[str, Any]:
+    """(h) Write units per short-path job, each protocol on a fresh table, priced on demand."""
+    from .cost import PRICES
+    from .write_units import measure
+
+    per_unit = PRICES["dynamodb_wru"].usd
+    measured = {}
+    for protocol in protocols:
+        _say(f"{protocol}: DynamoDB write units, {jobs} jobs")
+        row = measure(protocol, jobs=jobs)
+        row["usd_per_million_units"] = per_unit * 1e6
+        row["usd_per_million_jobs"] = row["ledger_units_per_job"] * per_unit * 1e6
+        measured[protocol] = row
+    return measured
 
 
 def _cost(results: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -199,14 +199,20 @@ def test_report_renders_and_judges_targets() -> None:
                "latency": {"priostack": {"p50_s": 0.4, "p95_s": 0.9, "started": 5, "jobs": 5}},
                "dispatch": {"priostack": {"dispatches_per_s": 150.0, "dispatched": 5, "deliveries": 5,
                                           "pull_calls": {"activate": 1}, "pull_ms_per_delivery": 1.0,
-                                          "record_ms_each": 2.0}}}
+                                          "record_ms_each": 2.0}},
+               "write_units": {"priostack": {"ledger_writes_per_job": 4.0, "ledger_table_units_per_job": 5.0,
+                                             "ledger_index_units_per_job": 2.0, "ledger_units_per_job": 7.0,
+                                             "other_units_per_job": 0.0, "usd_per_million_jobs": 4.375,
+                                             "usd_per_million_units": 0.625, "ledger_item_bytes": 1100}}}
     marks = report.verdicts(results)
     assert marks["a_ratio"].endswith(": met") and marks["e_p50"].endswith(": met")
     assert marks["b_above_minimum"].endswith(": met")  # 3 calls in the run: within the slack
     assert marks["c_writes"].endswith("NOT met") and marks["g_rate"].endswith("NOT met")
     assert marks["d_ratio"].endswith("not measured")
+    assert marks["h_write_units"] == "<= 6 write units / job: NOT met"
     text = report.render(results)
     assert "(a) throughput" in text and "(g) scheduler dispatch rate" in text and "(d) cold start" not in text
+    assert "(h) DynamoDB write units per job" in text and "4.38" in text
 
 
 def test_percentile_is_nearest_rank() -> None:
