@@ -157,6 +157,11 @@ class SqliteStateStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
+        # Writers in this process take turns here rather than on SQLite's file lock, whose
+        # busy handler sleeps (1, 2, 5 ... 100 ms) between tries: with dozens of executor
+        # threads that sleeping, not the writes, set the pace. Other processes still meet
+        # the file lock (busy_timeout). Reentrant, so a nested write fails in SQLite, loudly.
+        self._write_turn = threading.RLock()
         self._next_sweep = 0.0
         connection = self._connection()
         try:
@@ -200,13 +205,14 @@ class SqliteStateStore:
         if counted:
             self._count("write")
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+            with self._write_turn:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
         except sqlite3.Error as err:
             raise StateStoreError(f"SQLite state store {self.path}: write failed: {err}") from err
 
