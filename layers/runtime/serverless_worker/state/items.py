@@ -28,6 +28,7 @@ from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt
 
 __all__ = [
+    "attributes_size",
     "FINAL_STATUSES",
     "IN_FLIGHT_STATUSES",
     "DispatchMode",
@@ -149,6 +150,32 @@ def _value_size(value: dict[str, Any]) -> int:
     if kind == "M":
         return 3 + sum(1 + len(k.encode("utf-8")) + _value_size(v) for k, v in data.items())
     raise ValueError(f"unknown AttributeValue type {kind!r}")
+
+
+def _plain_size(value: Any) -> int:
+    """``_value_size(to_attribute(value))`` computed on the Python value itself."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, bool) or value is None:
+        return 1
+    if isinstance(value, int | Decimal):
+        return _number_size(str(value))
+    if isinstance(value, float):
+        return _number_size(repr(value))
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return 3 + sum(1 + len(k.encode("utf-8")) + _plain_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 3 + sum(1 + _plain_size(v) for v in value)
+    return _value_size(to_attribute(value))  # sets and the rarer types: the serializer's way
+
+
+def attributes_size(attributes: dict[str, Any]) -> int:
+    """``item_size(to_item(attributes))`` without building the wire form: the SQLite backend
+    holds DynamoDB's item limit on every write, and the serializer cost it 0.4 ms a job."""
+    return sum(len(name.encode("utf-8")) + _plain_size(value) for name, value in attributes.items()
+               if value is not None)
 
 
 def item_size(item: dict[str, Any]) -> int:

@@ -35,7 +35,7 @@ from typing import Any
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
-from .items import DispatchMode, LedgerItem, LedgerStatus, compact_model, dumps, item_size, to_item
+from .items import DispatchMode, LedgerItem, LedgerStatus, attributes_size, compact_model, dumps
 from .keys import (
     DEADLINE,
     ITEM_MAX_BYTES,
@@ -238,7 +238,7 @@ class SqliteStateStore:
 
     @staticmethod
     def _check_size(pk: str, what: str, attributes: dict[str, Any]) -> None:
-        size = item_size(to_item(attributes))
+        size = attributes_size(attributes)
         if size > ITEM_MAX_BYTES:
             raise ItemTooLargeError(pk, what, size, ITEM_MAX_BYTES)
 
@@ -247,7 +247,7 @@ class SqliteStateStore:
         if row is None:
             return None
         doc: dict[str, Any] = json.loads(row[0])
-        if item_size(to_item(doc)) > ITEM_MAX_BYTES:
+        if attributes_size(doc) > ITEM_MAX_BYTES:
             raise ItemTooLargeError(pk, what, written, ITEM_MAX_BYTES)
         return doc
 
@@ -258,7 +258,7 @@ class SqliteStateStore:
         ``upsert`` creates the item when absent (an update without a condition does, in DynamoDB).
         """
         self._maybe_sweep()
-        written = item_size(to_item({PK: pk, **patch.written}))
+        written = attributes_size({PK: pk, **patch.written})
         if written > ITEM_MAX_BYTES:
             raise ItemTooLargeError(pk, what, written, ITEM_MAX_BYTES)
         named = {f"p{i}": p for i, p in enumerate(patch.params)}
