@@ -57,7 +57,7 @@ def test_claim_hands_out_the_oldest_matching_item_with_its_lease(queue, client_f
     assert job(admin, ids[0])["status"] == job(admin, ids[1])["status"] == "pending"
 
 
-def test_a_requeued_item_keeps_its_place_in_creation_order(serve, admin_for, client_for) -> None:
+def test_a_requeued_item_keeps_its_place_in_creation_order(serve, admin_for, client_for, sandbox_clock) -> None:
     server = serve("claimqueue", lease_seconds=0.5)
     admin = admin_for(server)
     older, newer = admin.seed({"queue": QUEUE, "items": [{"n": 1}, {"n": 2}]})
@@ -65,7 +65,7 @@ def test_a_requeued_item_keeps_its_place_in_creation_order(serve, admin_for, cli
     [taken] = pull(box1)
     assert taken.job_id == older
 
-    time.sleep(0.7)  # the lease lapses: the older item is pending again
+    sandbox_clock.advance(0.7)  # the lease lapses: the older item is pending again
     [retaken] = pull(box2)
 
     assert retaken.job_id == older and retaken.attempt == 2

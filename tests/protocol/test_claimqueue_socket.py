@@ -351,7 +351,8 @@ def test_a_read_timeout_closes_the_socket_and_the_late_answer_is_never_misread(s
     [delivery] = pull(client)  # the first claim timed out; its socket was closed; claimed again
 
     assert delivery.job_id == item_id and delivery.attempt == 1
-    time.sleep(0.8)  # the slow first claim has run by now, on a socket that is gone
+    # The slow first claim runs now, on a socket that is gone: wait until the server has handled it.
+    wait_for(lambda: admin.stats()["handled"].get("claim", 0) >= 2, what="the delayed first claim")
     assert job(admin, item_id)["status"] == "processing" and job(admin, item_id)["attempts"] == 1
     assert client.acquire(delivery).expires_at == delivery.lease_expires_at
     assert client.report(delivery, success({"output": 1})).accepted

@@ -150,6 +150,9 @@ class Sandbox(ABC):
         self.config = self.config_model(**config)
         self.faults = FaultInjector()
         self.calls: Counter[str] = Counter()
+        # Calls whose effect has been applied (after any injected latency): what a test waits
+        # on to know a delayed call has run, instead of sleeping past it.
+        self.handled: Counter[str] = Counter()
         self.restarts: list[dict[str, Any]] = []  # each restart: when, why (admin or a fault), what was lost
 
     # -- to implement -------------------------------------------------------------
@@ -205,6 +208,7 @@ class Sandbox(ABC):
             if self.faults.fire("restart_before", label):
                 self._restart(f"restart_before@{label}")
             response = await fn(request)
+            self.handled[label] += 1
             if self.faults.fire("restart_after", label):
                 self._restart(f"restart_after@{label}")
                 return DroppedResponse()
@@ -246,7 +250,8 @@ class Sandbox(ABC):
             return JSONResponse(self.config.model_dump())
 
         async def admin_stats(request: Request) -> Response:
-            return JSONResponse({"calls": dict(self.calls), "faults_fired": len(self.faults.log)})
+            return JSONResponse({"calls": dict(self.calls), "handled": dict(self.handled),
+                                 "faults_fired": len(self.faults.log)})
 
         async def admin_restart(request: Request) -> Response:
             return JSONResponse(self._restart("admin"))
@@ -257,6 +262,7 @@ class Sandbox(ABC):
         async def admin_reset(request: Request) -> Response:
             self.reset()
             self.calls.clear()
+            self.handled.clear()
             self.faults.set(FaultPlan())
             return JSONResponse({"ok": True})
 

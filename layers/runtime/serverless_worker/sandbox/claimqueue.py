@@ -350,6 +350,7 @@ class ClaimQueueSandbox(Sandbox):
                 reply = {"type": f"{op}-ack", "id": item_id, **act(queue, item_id, value, via="socket")}
         except _Refused as err:
             reply = {"type": "error", "error": err.error, **({"id": item_id} if item_id else {})}
+        self.handled[op] += 1
         if self.faults.fire("drop_response", op):
             return {}, True
         return reply, False
