@@ -10,6 +10,9 @@ Functions interpreter runs the real ASL, whose Task states call the steps in thi
 process, on the same SQLite store. Against the built-in sandbox it is a demo; pointed at
 a real server, a worker for development or a plain VM.
 
+A run that was killed leaves its deliveries in the state file; the next run on the same
+file settles them before its first tick (``local/recovery.py``).
+
 Stopping (Ctrl-C, SIGTERM, or ``until_idle_seconds`` without work) is the runtime's
 drain: stop pulling, hand back what never started, let running jobs finish, shut the
 worker down; then the summary. The exit status is 0 only when the ledger says every job
@@ -59,6 +62,7 @@ from .handler_module import load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
 from .project import find_project_root
+from .recovery import RecoveryReport, recover
 from .state_file import LocalState
 from .summary import RunSummary, ledger_records, render_summary, summarize
 from .template import function_timeout
@@ -123,6 +127,7 @@ class LocalRunner:
         self._state: LocalState       # set by _build
         self._swept = 0               # settled items the state file's sweep deleted during the run
         self._started_at = time.time()
+        self._recovered = RecoveryReport()
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -140,6 +145,12 @@ class LocalRunner:
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
             self._banner(sandbox, aws, names, dispatcher.concurrency)
+            self._recovered = recover(services)
+            if self._recovered.total:
+                self.console.print(
+                    f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
+                    f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
+                    "settled without running again", highlight=False, markup=False)
             progress = Progress(self.console, live=self.live).start()
             cleanup.callback(progress.stop)
             forced = self._work(services, scheduler, dispatcher, progress)
@@ -445,7 +456,8 @@ class LocalRunner:
             self.console.print(f"serverless-worker local: {summary.in_flight} deliveries left without a "
                                "definite outcome", highlight=False, markup=False)
             return EXIT_INCOMPLETE
-        if summary.taken and not summary.handler_runs:
+        # Deliveries an earlier run left and this one settled without running are not "ran none".
+        if summary.taken > self._recovered.stranded and not summary.handler_runs:
             self.console.print(f"serverless-worker local: took {summary.taken} job(s) and ran none of them "
                                "(see the log for why each went back)", highlight=False, markup=False)
             return EXIT_INCOMPLETE
