@@ -231,3 +231,30 @@ def _check_vanished(protocol: str, job: dict[str, Any], runs: int, n: int) -> No
         events = [h["event"] for h in job["history"]]
         assert events == ["created", "claim", "lapse", "claim", "result"], events
         assert job["result"] == {"n": n} and runs == 2, (job, runs)
+
+
+@pytest.mark.parametrize("protocol", ["priostack"])
+def test_a_drained_runs_file_lets_the_next_run_work_and_count_only_its_own(
+        protocol: str, served: tuple[SandboxServer, SandboxAdmin], tmp_path: Path) -> None:
+    """A run that drained (idle, Ctrl-C) leaves its draining flag and its settled deliveries
+    in the file: the next run must pull anyway, and its summary counts only what it took."""
+    from test_local_cli import row
+
+    server, admin = served
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    module = tmp_path / "crash_handlers.py"
+    module.write_text(HANDLERS)
+    command = [str(CLI), "local", "--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
+               "--handler-module", str(module), "--state", str(tmp_path / "kept.sqlite3"), "--until-idle", "2"]
+    env = clean_env(TEST_KEY=SECRET, CRASH_MARKS=str(marks))
+    for batch in ((0, 1, 2), (3, 4, 5)):
+        # given jobs for this run, and the file the run before it drained from
+        _seed(admin, protocol, [{"n": n} for n in batch])
+        # when the worker runs until idle on the same file
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        # then it took and settled this run's jobs, and counted only those
+        assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        assert row(result.stdout, "taken") == 3 and row(result.stdout, "done") == 3, result.stdout
+    assert all(settled(protocol, job) for job in admin.jobs())
+    assert _runs(marks) == Counter({n: 1 for n in range(6)})

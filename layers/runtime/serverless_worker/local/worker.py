@@ -49,7 +49,7 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..runtime.context import LambdaContextLike, LocalContext
-from ..runtime.drain import drain
+from ..runtime.drain import drain, resume_pulling
 from ..runtime.executor import execute
 from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
@@ -145,6 +145,9 @@ class LocalRunner:
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
             self._banner(sandbox, aws, names, dispatcher.concurrency)
+            # Starting is resuming: the flags an earlier run left in a kept file (its drain on
+            # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
+            resume_pulling(services)
             self._recovered = recover(services)
             if self._recovered.total:
                 self.console.print(
