@@ -145,7 +145,7 @@ def test_a_state_file_is_held_by_one_process(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "state.sqlite3"
     held = LocalState.open(path, final_retention_seconds=RETENTION)
     try:
-        assert path.exists()
+        assert path.exists() and path.stat().st_mode & 0o077 == 0  # owner-only: it holds delivery tokens
         with pytest.raises(ConfigurationError, match="in use by another serverless-worker local"):
             LocalState.open(path, final_retention_seconds=RETENTION)
     finally:

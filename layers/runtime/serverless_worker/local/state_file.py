@@ -53,6 +53,9 @@ class LocalState:
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
             lock = _lock(file)
+            # Owner-only: the file holds delivery tokens and the worker session, as the stack's
+            # table does (SQLite gives its -wal and -shm files the database file's mode).
+            os.close(os.open(file, os.O_CREAT | os.O_WRONLY, 0o600))
             store = SqliteStateStore(file, final_retention_seconds=final_retention_seconds,
                                      sweep_interval=sweep_interval, on_swept=on_swept)
         except OSError as err:
@@ -82,7 +85,7 @@ def _lock(file: Path) -> IO[str] | None:
         import fcntl
     except ImportError:  # no flock (Windows): one process per file is then up to the user
         return None
-    handle = open(f"{file}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
+    handle = os.fdopen(os.open(f"{file}.lock", os.O_CREAT | os.O_RDWR, 0o600), "r+", encoding="utf-8")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
