@@ -8,7 +8,9 @@ that holds until the test lets it go). Then SIGKILL: no drain, no cleanup. The s
 same command, same ``--state`` file, ``--until-idle``, must give every job exactly one
 outcome on the server, and must not run again any handler whose outcome was stored (and so
 could have been reported). The handler module writes one marker file per run, which is
-how runs are counted across the two processes.
+how runs are counted across the two processes. The same for a long-running job killed
+mid-slice (its execution dies with moto, in the process), and for a run that drained: the
+next run on its file pulls again and counts only its own jobs.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ def test_a_killed_worker_restarted_on_its_state_file_settles_every_job_once(
         _check_success(protocol, jobs[n], n)
     # and a run that vanished mid-handler (its outcome never stored) was settled as the protocol allows
     for n in HELD:
-        _check_vanished(protocol, jobs[n], runs[n], n)
+        _check_vanished(protocol, jobs[n], runs[n], {"n": n})
 
 
 def _check_success(protocol: str, job: dict[str, Any], n: int) -> None:
@@ -215,7 +217,7 @@ def _check_success(protocol: str, job: dict[str, Any], n: int) -> None:
         assert job["status"] == "finished" and job["result"] == {"n": n}, job
 
 
-def _check_vanished(protocol: str, job: dict[str, Any], runs: int, n: int) -> None:
+def _check_vanished(protocol: str, job: dict[str, Any], runs: int, rerun_result: dict[str, Any]) -> None:
     (result,) = _results(protocol, job)
     if protocol == "pipelogiq":
         # A timeout for the lost run; maxRetries 0 makes it final, so it never ran again.
@@ -230,7 +232,7 @@ def _check_vanished(protocol: str, job: dict[str, Any], runs: int, n: int) -> No
         # again and ran to its one result.
         events = [h["event"] for h in job["history"]]
         assert events == ["created", "claim", "lapse", "claim", "result"], events
-        assert job["result"] == {"n": n} and runs == 2, (job, runs)
+        assert job["result"] == rerun_result and runs == 2, (job, runs)
 
 
 @pytest.mark.parametrize("protocol", ["priostack"])
@@ -258,3 +260,72 @@ def test_a_drained_runs_file_lets_the_next_run_work_and_count_only_its_own(
         assert row(result.stdout, "taken") == 3 and row(result.stdout, "done") == 3, result.stdout
     assert all(settled(protocol, job) for job in admin.jobs())
     assert _runs(marks) == Counter({n: 1 for n in range(6)})
+
+
+LONG_HANDLERS = HANDLERS + '''
+
+from serverless_worker import Continue
+
+
+@handler("crash.long", mode="slices")
+def long(job):
+    n = job.input["n"]
+    (MARKS / f"{n}.{os.getpid()}.{uuid.uuid4().hex[:8]}.run").touch()  # one file per slice run
+    while job.input.get("hold") and (MARKS / "hold").exists():
+        if job.wait(0.05):
+            job.raise_if_cancelled()
+    done = (job.checkpoint or 0) + 1
+    return Continue(done) if done < 2 else {"n": n, "slices": done}
+'''
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_long_running_job_killed_mid_slice_is_settled_once_by_the_next_run(
+        protocol: str, served: tuple[SandboxServer, SandboxAdmin], tmp_path: Path) -> None:
+    """The long path: the slice runs under a state-machine execution in moto, which dies
+    with the process. The next run (a fresh moto) finds the delivery running under that
+    execution's epoch and settles it as a lost run, as the reaper does on AWS."""
+    server, admin = served
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "hold").touch()
+    module = tmp_path / "long_handlers.py"
+    module.write_text(LONG_HANDLERS)
+    state = tmp_path / "long.sqlite3"
+    command = [str(CLI), "local", "--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
+               "--handler-module", str(module), "--handlers", "crash.long", "--state", str(state)]
+    env = clean_env(TEST_KEY=SECRET, CRASH_MARKS=str(marks))
+    if protocol == "priostack":
+        admin.seed({"jobs": [{"type": "crash.long", "variables": {"n": 7, "hold": True}, "retries": 1}]})
+    elif protocol == "pipelogiq":
+        admin.seed({"handler": "crash.long", "inputs": [{"n": 7, "hold": True}]})
+    else:
+        admin.seed({"queue": "crash.long", "items": [{"n": 7, "hold": True}]})
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        # given the long job's first slice running under the state machine
+        wait_for(lambda: first.poll() is not None or (
+            _statuses(state).get(7) == {LedgerStatus.RUNNING} and _runs(marks)[7] == 1), 90, "the slice to run")
+        assert first.poll() is None, first.communicate()[0]
+        # when the worker is killed, and started again on its state file
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    (item,) = _ledger(state)[7]
+    assert item.dispatch_mode == "state_machine" and item.status is LedgerStatus.RUNNING
+    (marks / "hold").unlink()
+    second = subprocess.run([*command, "--until-idle", UNTIL_IDLE[protocol]], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=180)
+
+    # then the job has exactly one outcome, and nothing is left in flight
+    assert second.returncode == 0, f"stdout:\n{second.stdout}\nstderr:\n{second.stderr}"
+    assert "recovered 1 deliveries" in second.stdout
+    assert not [i for items in _ledger(state).values() for i in items if not i.is_final]
+    (job,) = admin.jobs()
+    assert settled(protocol, job) and len(_results(protocol, job)) == 1, job
+    # (a claim queue's re-claimed run does both slices: runs counts the first slice once)
+    _check_vanished(protocol, job, _runs(marks)[7] - (protocol == "claimqueue"), {"n": 7, "slices": 2})
