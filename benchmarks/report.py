@@ -144,6 +144,23 @@ def _throughput(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     return out
 
 
+def _local(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    """(a') ``serverless-worker local`` as it runs: the runtime on its SQLite state file."""
+    lo, ps = _present(results, "local")
+    if not ps:
+        return []
+    out = ["", "(a') local worker (serverless-worker local: SQLite state file) vs minimal worker, jobs/s"]
+    rows = [
+        _row("local worker", lo, ps, lambda r: _fmt(r["local_jobs_per_s"], 1)),
+        _row("minimal hand-rolled worker", lo, ps, lambda r: _fmt(r["minimal_jobs_per_s"], 1)),
+        _row("ratio local / minimal", lo, ps, lambda r: _fmt(r["ratio"])),
+        _row("state-file writes / job", lo, ps, lambda r: _fmt(r["state_ops_per_job"].get("write"), 2)),
+        _row("CPU ms / job: local / minimal worker", lo, ps, lambda r: " / ".join(
+            _fmt(r["cpu_ms_per_job"].get(key), 1) for key in ("local", "minimal"))),
+    ]
+    return out + _table(["", *ps], rows)
+
+
 def _coldstart(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     cold = results.get("coldstart")
     if not cold:
@@ -278,7 +295,7 @@ def render(results: dict[str, Any]) -> str:
            f"{meta.get('jobs')} jobs per protocol, concurrency {meta.get('concurrency')}, batch "
            f"{meta.get('batch_size')}, {'quick' if meta.get('quick') else 'full'} mode, "
            f"{_fmt(meta.get('seconds'), 0)} s"]
-    for section in (_throughput, _coldstart, _latency, _cost, _dispatch, _write_units):
+    for section in (_throughput, _local, _coldstart, _latency, _cost, _dispatch, _write_units):
         out += section(results, marks)
     if results.get("errors"):
         out += ["", "errors: " + "; ".join(results["errors"])]

@@ -1,7 +1,8 @@
 """The runtime under test, wired as ``serverless-worker local`` wires it (``LocalRunner._build``):
 the real scheduler ticking back to back, the real executor in a bounded thread pool with
 Lambda-like contexts (``LocalDispatcher``), a full tick waking as soon as an executor
-finishes, and the state table in moto's DynamoDB server (``EmbeddedAws``).
+finishes, and the state table in moto's DynamoDB (``EmbeddedAws``, standing in for the
+stack's table), or, with ``store``, the local runner's own SQLite state file.
 
 The runner itself is not driven: its drain and summary follow the last job, which would
 add DynamoDB requests and time that are the console's, not the runtime's.
@@ -82,7 +83,7 @@ class RuntimeRig:
 
     def __init__(self, aws: Any, sandbox: SandboxProcess, *, registry: Any, concurrency: int,
                  batch_size: int, max_in_flight: int, poll_window: float, dispatcher: Any = None,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, store: Any = None) -> None:
         from serverless_worker.local.dispatcher import LocalDispatcher
         from serverless_worker.local.observe import RunObserver
         from serverless_worker.local.table import create_state_table
@@ -94,13 +95,14 @@ class RuntimeRig:
 
         defaults = template_defaults()
         self._aws = aws
-        self.table = create_state_table(aws.dynamodb, template=template_path()).name
+        # ``store`` given (the local runner's SQLite file): no table; ``aws`` may be None then.
+        self.table = create_state_table(aws.dynamodb, template=template_path()).name if store is None else ""
         self.settings = Settings(
             protocol=sandbox.protocol, base_url=sandbox.url, api_key=sandbox.credential, handlers=[HANDLER],
             instance_id=f"bench-{uuid.uuid4().hex[:8]}", batch_size=batch_size, max_in_flight=max_in_flight,
-            executor_reserved_concurrency=concurrency, poll_window_seconds=poll_window, table_name=self.table,
+            executor_reserved_concurrency=concurrency, poll_window_seconds=poll_window, table_name=self.table or None,
             **(settings or {}))
-        self.store = DynamoStateStore(self.table, client=aws.dynamodb)
+        self.store = store if store is not None else DynamoStateStore(self.table, client=aws.dynamodb)
         self.store_calls = CallCounter(self.store, [n for n in STORE_OPERATIONS if hasattr(self.store, n)])
         self.observer = RunObserver()
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(

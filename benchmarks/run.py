@@ -2,12 +2,13 @@
 stdout and everything as JSON in ``bench-results/bench.json`` (the table beside it).
 
 Order: the emulated DynamoDB's own write rate; per protocol the throughput pair (minimal
-worker, then runtime), latency, dispatch rate, an idle tick and lone executor runs, all
-against moto (a fresh table each): throughput and dispatch rate against moto's server in a
-process of its own, as DynamoDB is remote from Lambda (``--dynamodb embedded`` puts the
-throughput runtime's in-process, as the local runner has it), the others against the
-embedded one; then the cold starts (fresh processes, nothing else running); then the cost
-model, which only does arithmetic.
+worker, then runtime), the local pair (minimal worker, then the runtime on the local
+runner's SQLite state file, as ``serverless-worker local`` runs it), latency, dispatch
+rate, an idle tick and lone executor runs, all against moto (a fresh table each) but the
+local pair: throughput and dispatch rate against moto's server in a process of its own,
+as DynamoDB is remote from Lambda (``--dynamodb embedded`` puts the throughput runtime's
+in-process), the others against the embedded one; then the cold starts (fresh processes,
+nothing else running); then the cost model, which only does arithmetic.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .harness import PROTOCOLS
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("throughput", "latency", "dispatch", "idle", "coldstart", "write_units")
+STEPS = ("throughput", "local", "latency", "dispatch", "idle", "coldstart", "write_units")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             "poll_window_seconds": defaults["poll_window_seconds"],
             "protocols": args.protocols, "dynamodb": args.dynamodb, "cpus": os.cpu_count(), "load_before": _load(),
             "python": platform.python_version(), "commit": _git(), "template": defaults}
-    results: dict[str, Any] = {"meta": meta, "throughput": {}, "latency": {}, "dispatch": {}, "idle_tick": {},
+    results: dict[str, Any] = {"meta": meta, "throughput": {}, "local": {}, "latency": {}, "dispatch": {},
+                               "idle_tick": {},
                                "executor_alone": {}, "errors": []}
     _measure_with_aws(args, results, defaults, jobs=jobs, concurrency=concurrency)
     if "write_units" not in args.skip:
@@ -144,6 +146,16 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
                 results["errors"] += result.errors
                 _say(f"{protocol}: runtime {result.runtime_jobs_per_s or 0:.1f} jobs/s, "
                      f"minimal {result.minimal_jobs_per_s or 0:.1f} jobs/s")
+            if "local" not in skip:
+                from .local_throughput import measure_local_throughput
+
+                _say(f"{protocol}: local worker (SQLite state), {jobs} jobs, minimal worker then local")
+                local = measure_local_throughput(protocol, jobs=jobs, timeout=120.0 if quick else 420.0,
+                                                 poll_window=defaults["poll_window_seconds"], **shape)
+                results["local"][protocol] = local
+                results["errors"] += local["errors"]
+                _say(f"{protocol}: local {local['local_jobs_per_s'] or 0:.1f} jobs/s, "
+                     f"minimal {local['minimal_jobs_per_s'] or 0:.1f} jobs/s")
             if "latency" not in skip:
                 _say(f"{protocol}: latency")
                 results["latency"][protocol] = measure_latency(

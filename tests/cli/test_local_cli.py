@@ -76,9 +76,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def local(*args: str, env: dict[str, str] | None = None,
-          timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CLI), "local", *args], cwd=ROOT, env=env or clean_env(), capture_output=True,
+def local(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+          cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The command in ``cwd``: a worker for a server keeps its state file there
+    (``.serverless-worker/state.sqlite3``), so those runs get a directory of their own."""
+    return subprocess.run([str(CLI), "local", *args], cwd=cwd, env=env or clean_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -153,6 +155,8 @@ def test_demo_finishes_by_itself_with_every_job_settled(protocol: str) -> None:
     out = result.stdout
     assert result.returncode == 0, f"stdout:\n{out}\nstderr:\n{result.stderr}"
     assert f"{protocol} sandbox (built in)" in out
+    # its state dies with its sandbox: a temporary file; the long-running report needs moto
+    assert "state: SQLite a temporary file · the real state machine in embedded Step Functions" in out
     assert row(out, "taken") == 7
     assert row(out, "done") == 5                    # echo x2, a charge, the nap, the 3-page report
     assert row(out, "failed") == 2                  # the declined card and the bad input
@@ -181,7 +185,7 @@ def test_url_worker_settles_every_job_through_faults(protocol: str, extra: list[
                    "--handler-module", str(handler_file), "--handlers", "double", "--concurrency", "4",
                    # idle: longer than a few claim-queue back-offs (2 s after an empty or 429 claim)
                    # and than the runner's back-off after failed ticks (at most 10 s)
-                   "--until-idle", "12", *extra, env=clean_env(TEST_KEY=SECRET))
+                   "--until-idle", "12", *extra, env=clean_env(TEST_KEY=SECRET), cwd=handler_file.parent)
 
     # then every job reached its final state on the server, and the run says so with exit 0
     out = result.stdout
@@ -192,6 +196,10 @@ def test_url_worker_settles_every_job_through_faults(protocol: str, extra: list[
     assert row(out, "done") == 12 and row(out, "still in flight") == 0
     assert f"{protocol} server at {server.url}" in out
     assert ("socket transport" in out) == bool(extra)
+    # and its state is the SQLite file under the working directory, named in the banner
+    state = handler_file.parent / ".serverless-worker" / "state.sqlite3"
+    assert state.is_file() and f"state: SQLite {state.relative_to(handler_file.parent)}" in out
+    assert "no long-running handler, no state machine" in out
     assert "pull time (" in out or "Delivery.created_at (" in out  # not our sandbox: no admin history
     assert admin.stats()["faults_fired"] > 0
     # and the key never reached the output
@@ -209,7 +217,8 @@ def test_sigterm_drains_leaving_nothing_held(protocol: str, sandbox: Callable[..
     proc = subprocess.Popen(
         [str(CLI), "local", "--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
          "--handler-module", str(handler_file), "--handlers", "nap", "--concurrency", "3"],
-        cwd=ROOT, env=clean_env(TEST_KEY=SECRET), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=handler_file.parent, env=clean_env(TEST_KEY=SECRET), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
     try:
         # when SIGTERM arrives while jobs run
         wait_for(lambda: proc.poll() is not None or any(held(protocol, job) for job in admin.jobs()),
@@ -269,7 +278,8 @@ def test_a_rejected_key_stops_the_worker_with_exit_2(sandbox: Callable[..., Any]
 
     # when the worker runs with another key
     result = local("--protocol", "priostack", "--url", server.url, "--api-key-env", "TEST_KEY",
-                   "--handler-module", str(handler_file), env=clean_env(TEST_KEY="wrong-key"))
+                   "--handler-module", str(handler_file), env=clean_env(TEST_KEY="wrong-key"),
+                   cwd=handler_file.parent)
 
     # then it stops at once and says the configuration was refused
     assert result.returncode == 2, result
@@ -313,7 +323,8 @@ def test_a_timeout_longer_than_the_lease_stops_the_run_with_exit_2(sandbox: Call
 
     # when the local worker runs until idle
     result = local("--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
-                   "--handler-module", str(module), "--until-idle", "3", env=clean_env(TEST_KEY=SECRET))
+                   "--handler-module", str(module), "--until-idle", "3", env=clean_env(TEST_KEY=SECRET),
+                   cwd=tmp_path)
 
     # then it stops as a configuration error, naming the handler, its timeout and the lease,
     # in one error line, and nothing ran
@@ -347,7 +358,8 @@ def test_run_past_lease_lets_a_claim_queue_handler_run_for_its_whole_timeout(san
     module.write_text(OPT_IN_HANDLERS)
 
     result = local("--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
-                   "--handler-module", str(module), "--until-idle", "3", env=clean_env(TEST_KEY=SECRET))
+                   "--handler-module", str(module), "--until-idle", "3", env=clean_env(TEST_KEY=SECRET),
+                   cwd=tmp_path)
 
     # then every item ran and finished with its result
     assert result.returncode == 0, result.stdout + result.stderr

@@ -94,6 +94,34 @@ def test_runtime_rig_counts_every_job(serve: Callable[..., Any], admin_for: Call
     assert admin.stats()["calls"]["complete"] == 5
 
 
+def test_runtime_rig_on_the_local_state_file(serve: Callable[..., Any], admin_for: Callable[..., Any],
+                                            tmp_path: Path) -> None:
+    """The local benchmark's wiring: the rig on a SQLite store and no AWS at all; each job
+    costs the four ledger writes there too."""
+    from serverless_worker.state import SqliteStateStore
+
+    server = serve("priostack")
+    admin = admin_for(server)
+    admin.seed(seed_body("priostack", [{"n": n} for n in range(5)]))
+    sandbox = SimpleNamespace(protocol="priostack", url=server.url, credential=CREDENTIALS["priostack"])
+    clock = HandlerClock()
+    store = SqliteStateStore(tmp_path / "state.sqlite3")
+    rig = RuntimeRig(None, sandbox, registry=clock.registry(), concurrency=2, batch_size=10, max_in_flight=50,
+                     poll_window=30.0, store=store)
+    try:
+        rig.start()
+        assert rig.wait_reported(5, timeout=60) is not None
+        operations = rig.store_calls.snapshot()
+    finally:
+        rig.stop()
+        rig.close()
+        store.close()
+    assert rig.actions == {"reported": 5} and len(clock.starts) == 5
+    for name in ("record_delivery", "start_run", "store_outcome", "mark_acknowledged"):
+        assert operations[name] == 5, operations
+    assert admin.stats()["calls"]["complete"] == 5
+
+
 def test_runtime_rig_on_a_moto_server_process(serve: Callable[..., Any], admin_for: Callable[..., Any]) -> None:
     """The throughput benchmark's DynamoDB: moto's server in a child process, whose CPU the
     benchmark reads; each job costs the four ledger writes and no counters write."""

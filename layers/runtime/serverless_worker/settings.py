@@ -186,6 +186,10 @@ class Settings(BaseModel):
                                 "this long; unset runs until Ctrl-C (the built-in demo defaults to 3).")
     drain_grace_seconds: float = Field(60, ge=0, description="How long a drain waits for running jobs "
                                                              "before giving up on them.")
+    state_path: str | None = Field(
+        None, min_length=1, description="Local command: the SQLite file holding the worker's state (ledger, session, "
+                          "counters); run again with the same file, a killed run's deliveries are settled. "
+                          "Unset: a temporary file, removed at the end.")
 
     def __init__(self, **values: Any) -> None:
         try:

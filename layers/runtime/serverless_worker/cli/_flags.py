@@ -27,10 +27,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "base_url": ("--url",),
     "executor_reserved_concurrency": ("--concurrency",),
     "until_idle_seconds": ("--until-idle",),
+    "state_path": ("--state",),
 }
 _DEST = "setting_"
 _METAVARS = {"base_url": "URL", "handler_module": "MODULE_OR_PATH", "instance_id": "ID", "log_level": "LEVEL",
-             "api_key_secret_arn": "ARN", "api_key_parameter": "NAME"}
+             "api_key_secret_arn": "ARN", "api_key_parameter": "NAME", "state_path": "PATH"}
 
 
 def env_name(field: str) -> str:

@@ -71,7 +71,8 @@ def _local_default(name: str) -> str:
     if name in LOCAL_DEFAULTS:
         parts.append(f"`{LOCAL_DEFAULTS[name]}`")
     if name in DEMO_DEFAULTS:
-        parts.append(f"`{DEMO_DEFAULTS[name]}` (built-in demo)")
+        demo = DEMO_DEFAULTS[name]
+        parts.append(f"`{demo}` (built-in demo)" if demo is not None else "unset (built-in demo)")
     if name == "base_url":
         parts.append("the built-in sandbox")
     if name == "api_key":

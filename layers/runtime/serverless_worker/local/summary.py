@@ -1,9 +1,9 @@
 """The end-of-run summary: counted from the ledger (every delivery this run took, and
 where it ended), latencies from job creation, and HTTP calls per job by endpoint.
 
-Reading the ledger once at the end (one scan of the embedded table) costs nothing per
-job. Job creation time comes from the best source there is, and the table says which:
-our own sandbox's admin history, else ``Delivery.created_at`` when the protocol sends
+Reading the ledger once at the end (one scan of the state file) costs nothing per job.
+Job creation time comes from the best source there is, and the table says which: our
+own sandbox's admin history, else ``Delivery.created_at`` when the protocol sends
 it, else the time the job was pulled.
 """
 
@@ -12,15 +12,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..outcome import OutcomeKind
 from ..state import FINAL_STATUSES, LedgerStatus
-from ..state.items import delivery_record, from_item
+from ..state.items import delivery_record
 
-__all__ = ["JobRecord", "RunSummary", "percentile", "read_ledger", "render_summary", "summarize"]
+__all__ = ["JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize"]
 
 _REPORTED = frozenset({LedgerStatus.REPORTED, LedgerStatus.ACKNOWLEDGED})
 SOURCE_ADMIN = "sandbox admin history"
@@ -42,24 +42,19 @@ class JobRecord:
     reported_at: float | None
 
 
-def read_ledger(client: Any, table: str) -> list[JobRecord]:
-    """Every ledger item of the table (the embedded table holds this run only)."""
+def ledger_records(items: Iterable[Mapping[str, Any]]) -> list[JobRecord]:
+    """Ledger items, as plain attributes (the SQLite store's documents, or ``from_item``'s)."""
     records: list[JobRecord] = []
-    pages = client.get_paginator("scan").paginate(
-        TableName=table, ConsistentRead=True, FilterExpression="begins_with(#pk, :delivery)",
-        ExpressionAttributeNames={"#pk": "pk"}, ExpressionAttributeValues={":delivery": {"S": "delivery#"}})
-    for page in pages:
-        for raw in page.get("Items", []):
-            attrs = from_item(raw)
-            delivery = delivery_record(attrs)
-            outcome = json.loads(attrs["outcome"]) if attrs.get("outcome") else None
-            status = LedgerStatus(attrs["status"])
-            records.append(JobRecord(
-                ledger_id=str(delivery["ledger_id"]), job_id=str(delivery["job_id"]),
-                handler=str(delivery["handler"]), status=status,
-                outcome=OutcomeKind(outcome["kind"]) if outcome else None,
-                created_at=delivery.get("created_at"), pulled_at=float(delivery["pulled_at"]),
-                reported_at=_reported_at(attrs, status)))
+    for attrs in items:
+        delivery = delivery_record(dict(attrs))
+        outcome = json.loads(attrs["outcome"]) if attrs.get("outcome") else None
+        status = LedgerStatus(attrs["status"])
+        records.append(JobRecord(
+            ledger_id=str(delivery["ledger_id"]), job_id=str(delivery["job_id"]),
+            handler=str(delivery["handler"]), status=status,
+            outcome=OutcomeKind(outcome["kind"]) if outcome else None,
+            created_at=delivery.get("created_at"), pulled_at=float(delivery["pulled_at"]),
+            reported_at=_reported_at(dict(attrs), status)))
     return records
 
 
@@ -243,6 +238,6 @@ def render_summary(summary: RunSummary) -> Any:
     ops = summary.store_ops
     if ops and summary.taken:
         reads, writes = ops.get("read", 0) / summary.taken, ops.get("write", 0) / summary.taken
-        parts.append(Text(f"state store (embedded DynamoDB): {reads:.1f} reads and {writes:.1f} writes "
+        parts.append(Text(f"state store (SQLite file): {reads:.1f} reads and {writes:.1f} writes "
                           "per job", style="dim"))
     return Group(*parts)

@@ -30,6 +30,7 @@ from .project import TEMPLATE_NAME, find_project_root
 __all__ = [
     "EnvironmentSource",
     "environment_sources",
+    "function_timeout",
     "load_template",
     "param_default",
     "resource",
@@ -112,6 +113,15 @@ def param_default(template: dict[str, Any], value: Any) -> Any:
             raise ConfigurationError(f"template value {value} names no parameter with a default")
         return parameter["Default"]
     return value
+
+
+def function_timeout(logical_id: str, path: Path | None = None) -> float:
+    """A function's ``Timeout`` (Globals merged, a Ref resolved to its parameter's default):
+    the local runner's executor and tick budgets, known without starting any AWS emulation."""
+    template = load_template(path)
+    props = template["Resources"][logical_id]["Properties"]
+    globals_ = template.get("Globals", {}).get("Function", {})
+    return float(param_default(template, props.get("Timeout", globals_.get("Timeout", 3))))
 
 
 def state_machine_definition(logical_id: str, values: dict[str, str], path: Path | None = None) -> str:

@@ -1,12 +1,17 @@
 """``serverless-worker local``: the Lambda stack's code, run in one process.
 
 The same scheduler, executor and state-machine steps as in Lambda, with the AWS parts
-embedded: scheduler ticks run back to back (each one poll window, as the EventBridge
+replaced: scheduler ticks run back to back (each one poll window, as the EventBridge
 schedule would start them), every delivery's executor runs in a bounded thread pool
-with a Lambda-like context, long-running jobs go through the real ASL in moto's Step
-Functions, and the state table is moto's DynamoDB built from template.yaml. Against
-the built-in sandbox it is a demo; pointed at a real server, a worker for development or
-a plain VM.
+with a Lambda-like context, and the state (ledger, session, counters) is a SQLite file
+(``local/state_file.py``) under the same store contract as the stack's DynamoDB table.
+Only when a handler is long-running does moto start (``EmbeddedAws``): its Step
+Functions interpreter runs the real ASL, whose Task states call the steps in this
+process, on the same SQLite store. Against the built-in sandbox it is a demo; pointed at
+a real server, a worker for development or a plain VM.
+
+A run that was killed leaves its deliveries in the state file; the next run on the same
+file settles them before its first tick (``local/recovery.py``).
 
 Stopping (Ctrl-C, SIGTERM, or ``until_idle_seconds`` without work) is the runtime's
 drain: stop pulling, hand back what never started, let running jobs finish, shut the
@@ -28,7 +33,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
@@ -44,14 +49,12 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..runtime.context import LambdaContextLike, LocalContext
-from ..runtime.drain import drain
+from ..runtime.drain import drain, resume_pulling
 from ..runtime.executor import execute
 from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
-from ..state import DynamoStateStore
-from .aws import EmbeddedAws
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
@@ -59,8 +62,13 @@ from .handler_module import load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
 from .project import find_project_root
-from .summary import RunSummary, read_ledger, render_summary, summarize
-from .ttl import TtlSweeper
+from .recovery import RecoveryReport, recover
+from .state_file import LocalState
+from .summary import RunSummary, ledger_records, render_summary, summarize
+from .template import function_timeout
+
+if TYPE_CHECKING:
+    from .aws import EmbeddedAws
 
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"]
 
@@ -94,8 +102,8 @@ class _Stop:
 class LocalRunner:
     """One local run; ``run()`` returns the process exit status.
 
-    ``ledger_retention_seconds``: how long settled ledger items stay in the embedded table
-    before the TTL sweep deletes them (see ``defaults.LOCAL_LEDGER_RETENTION_SECONDS``).
+    ``ledger_retention_seconds``: how long settled ledger items stay in the state file
+    before the store's sweep deletes them (see ``defaults.LOCAL_LEDGER_RETENTION_SECONDS``).
     """
 
     def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
@@ -116,11 +124,15 @@ class LocalRunner:
         self._services: Services      # set by _work, before anything reads them
         self._scheduler: Scheduler
         self._tick_timeout = 120.0
-        self._sweeper: TtlSweeper  # set by _build
+        self._state: LocalState       # set by _build
+        self._swept = 0               # settled items the state file's sweep deleted during the run
+        self._started_at = time.time()
+        self._recovered = RecoveryReport()
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
         started = time.monotonic()
+        self._started_at = time.time()
         root = find_project_root()
         loaded = load_local_handlers(self.settings.handler_module, root, list(self.settings.handlers))
         registry = instrument(loaded, self._observer)
@@ -132,17 +144,25 @@ class LocalRunner:
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
-            self._banner(sandbox, aws, names, dispatcher.concurrency,
-                         any(registry.get(name).long_running for name in names))
+            self._banner(sandbox, aws, names, dispatcher.concurrency)
+            # Starting is resuming: the flags an earlier run left in a kept file (its drain on
+            # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
+            resume_pulling(services)
+            self._recovered = recover(services)
+            if self._recovered.total:
+                self.console.print(
+                    f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
+                    f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
+                    "settled without running again", highlight=False, markup=False)
             progress = Progress(self.console, live=self.live).start()
             cleanup.callback(progress.stop)
             forced = self._work(services, scheduler, dispatcher, progress)
             progress.stop()
-            summary = self._summary(services, aws, sandbox, time.monotonic() - started)
+            summary = self._summary(services, sandbox, time.monotonic() - started)
             self.console.print(render_summary(summary))
-            if self._sweeper.deleted:
-                self.console.print(f"({self._sweeper.deleted} settled items older than "
-                                   f"{self.ledger_retention_seconds} s were swept from the embedded ledger; "
+            if self._swept:
+                self.console.print(f"({self._swept} settled items older than "
+                                   f"{self.ledger_retention_seconds} s were swept from the state file; "
                                    "the summary counts the rest)", highlight=False, markup=False)
             status = self._exit_status(summary, forced)
         return status
@@ -156,43 +176,48 @@ class LocalRunner:
         return sandbox
 
     def _build(self, registry: Any, names: list[str],
-               cleanup: ExitStack) -> tuple[Services, EmbeddedAws, Scheduler, LocalDispatcher]:
+               cleanup: ExitStack) -> tuple[Services, EmbeddedAws | None, Scheduler, LocalDispatcher]:
         settings = self.settings
         concurrency = int(settings.executor_reserved_concurrency or 1)
-        aws = EmbeddedAws.start(pool_size=concurrency + 32)
-        cleanup.callback(aws.close)
+        retention = self.ledger_retention_seconds
+        self._state = LocalState.open(settings.state_path, final_retention_seconds=retention,
+                                      sweep_interval=min(TTL_SWEEP_SECONDS, max(1.0, retention / 2)),
+                                      on_swept=self._forget)
+        cleanup.callback(self._state.close)
         shared: list[Services] = []
 
         def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
             return run_step(shared[0], event, context)
 
-        # Before the first tick (when a handler is long-running): the ASL parser's import is
-        # seconds of CPU, which would slow every job running beside it more than waiting does.
-        long_running = any(registry.get(name).long_running for name in names)
-        arn = aws.install_state_machine({"StepsFunction": steps}) if long_running else None
+        # moto only for the long-running path: its Step Functions interpreter runs the real
+        # ASL. Started before the first tick: the ASL parser's import is seconds of CPU,
+        # which would slow every job running beside it more than waiting does.
+        aws: EmbeddedAws | None = None
+        arn = None
+        if any(registry.get(name).long_running for name in names):
+            from .aws import EmbeddedAws
+
+            aws = EmbeddedAws.start(pool_size=concurrency + 32)
+            cleanup.callback(aws.close)
+            arn = aws.install_state_machine({"StepsFunction": steps})
         dispatcher = LocalDispatcher(concurrency=concurrency, observer=self._observer,
-                                     executor_timeout=aws.function_timeout("ExecutorFunction"),
-                                     state_machine_arn=arn, sfn_client=aws.sfn)
+                                     executor_timeout=function_timeout("ExecutorFunction"),
+                                     state_machine_arn=arn, sfn_client=aws.sfn if aws is not None else None)
         cleanup.callback(dispatcher.close, False)
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
-        store = DynamoStateStore(aws.table_name, client=aws.dynamodb,
-                                 final_retention_seconds=self.ledger_retention_seconds)
-        services = Services(settings=settings, store=store,
+        services = Services(settings=settings, store=self._state.store,
                             registry=registry, dispatcher=dispatcher, client_overrides=overrides)
         shared.append(services)
         cleanup.callback(services.close)
-        self._sweeper = TtlSweeper(aws.dynamodb, aws.table_name, on_deleted=self._forget,
-                                   interval=min(TTL_SWEEP_SECONDS, max(1.0, self.ledger_retention_seconds / 2)))
-        cleanup.callback(self._sweeper.start().stop)
         dispatcher.attach(lambda key, context: execute(services, key, context))
         scheduler = Scheduler(services, sleep=self._sleep, dispatch_workers=min(16, concurrency),
                               wait_for_capacity=self._wait_for_capacity)
         cleanup.callback(scheduler.close)
-        self._tick_timeout = aws.function_timeout("SchedulerFunction")
+        self._tick_timeout = function_timeout("SchedulerFunction")
         return services, aws, scheduler, dispatcher
 
-    def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws, names: list[str],
-                concurrency: int, long_running: bool) -> None:
+    def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws | None, names: list[str],
+                concurrency: int) -> None:
         settings = self.settings
         if sandbox is not None:
             where = (f"{settings.protocol} sandbox (built in) at {sandbox.url}, "
@@ -200,15 +225,16 @@ class LocalRunner:
         else:
             transport = f", {settings.transport} transport" if settings.transport != "http" else ""
             where = f"{settings.protocol} server at {settings.base_url}{transport}"
-        machine = "the real state machine in embedded Step Functions" if long_running \
-            else "no long-running handler, no state machine"
+        machine = (f"the real state machine in embedded Step Functions (moto at {aws.endpoint})"
+                   if aws is not None else "no long-running handler, no state machine")
+        state = "a temporary file" if self._state.temporary else str(self._state.path)
         stop = (f"drains when idle for {settings.until_idle_seconds:g} s or on Ctrl-C"
                 if settings.until_idle_seconds else "runs until Ctrl-C, which drains")
         lines = [
             f"serverless-worker local: {where}",
             f"  handlers {', '.join(names)} · {concurrency} executor threads · "
             f"instance {settings.instance_id}",
-            f"  state: embedded DynamoDB at {aws.endpoint} · {machine}",
+            f"  state: SQLite {state} · {machine}",
             f"  {stop}",
         ]
         for line in lines:
@@ -216,6 +242,7 @@ class LocalRunner:
 
     def _forget(self, keys: list[str]) -> None:
         """Swept ledger items: their handler starts are no longer needed for the summary."""
+        self._swept += sum(1 for key in keys if key.startswith("delivery#"))
         self._observer.forget([key.split("#", 2)[-1] for key in keys if key.startswith("delivery#")])
 
     # -- working and stopping ------------------------------------------------------------
@@ -392,8 +419,7 @@ class LocalRunner:
             signal.signal(sig, handler)
 
     # -- the end ---------------------------------------------------------------------------
-    def _summary(self, services: Services, aws: EmbeddedAws, sandbox: OwnSandbox | None,
-                 seconds: float) -> RunSummary:
+    def _summary(self, services: Services, sandbox: OwnSandbox | None, seconds: float) -> RunSummary:
         admin_created: dict[str, float] | None = None
         server_calls: dict[str, int] | None = None
         if sandbox is not None:
@@ -412,7 +438,10 @@ class LocalRunner:
         except (AttributeError, ServerlessWorkerError):
             client_calls = {}
         observer = self._observer
-        return summarize(read_ledger(aws.dynamodb, aws.table_name), protocol=self.settings.protocol,
+        # This run's share of the file: what is in flight, and what it wrote (a kept file also
+        # holds earlier runs' settled deliveries until their retention ends).
+        records = ledger_records(self._state.store.ledger_documents(updated_since=self._started_at))
+        return summarize(records, protocol=self.settings.protocol,
                          seconds=seconds, handler_starts=dict(observer.handler_starts),
                          handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
                          admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
@@ -430,7 +459,8 @@ class LocalRunner:
             self.console.print(f"serverless-worker local: {summary.in_flight} deliveries left without a "
                                "definite outcome", highlight=False, markup=False)
             return EXIT_INCOMPLETE
-        if summary.taken and not summary.handler_runs:
+        # Deliveries an earlier run left and this one settled without running are not "ran none".
+        if summary.taken > self._recovered.stranded and not summary.handler_runs:
             self.console.print(f"serverless-worker local: took {summary.taken} job(s) and ran none of them "
                                "(see the log for why each went back)", highlight=False, markup=False)
             return EXIT_INCOMPLETE

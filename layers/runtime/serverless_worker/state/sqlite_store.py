@@ -150,8 +150,10 @@ class SqliteStateStore:
 
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time,
                  final_retention_seconds: int = FINAL_RETENTION_SECONDS, sweep_interval: float = 60.0,
-                 busy_timeout_seconds: float = 30.0) -> None:
+                 busy_timeout_seconds: float = 30.0,
+                 on_swept: Callable[[list[str]], None] | None = None) -> None:
         self.path = str(path)
+        self._on_swept = on_swept
         self._clock = clock
         self._final_retention = int(final_retention_seconds)
         self._sweep_interval = sweep_interval
@@ -225,7 +227,11 @@ class SqliteStateStore:
         now = self._clock()
         self._next_sweep = now + self._sweep_interval
         with self._write(counted=False) as db:  # housekeeping, free like DynamoDB's TTL: not in ops
-            return db.execute("DELETE FROM items WHERE ttl IS NOT NULL AND ttl < ?", (now,)).rowcount
+            keys = [row[0] for row in db.execute(
+                "DELETE FROM items WHERE ttl IS NOT NULL AND ttl < ? RETURNING pk", (now,)).fetchall()]
+        if keys and self._on_swept is not None:
+            self._on_swept(keys)  # the local runner forgets what it kept per swept delivery
+        return len(keys)
 
     def _maybe_sweep(self) -> None:
         if self._clock() >= self._next_sweep:
@@ -487,6 +493,20 @@ class SqliteStateStore:
 
     def mark_abandoned(self, key: str, reason: str) -> bool:
         return self._final(key, LedgerStatus.DISCARDED, _UNREPORTED, reason=reason, unknown_to_server=True)
+
+    def ledger_documents(self, *, updated_since: float | None = None) -> list[dict[str, Any]]:
+        """Every delivery item's attributes: all of them, or those in flight and those written
+        at or after ``updated_since`` (one run's share of a file kept across runs). A scan,
+        so not in the contract: only the local summary reads it, once, at the end."""
+        self._count("read")
+        where = f" AND (scope IS NOT NULL OR {_attr('updated_at')} >= :since)" if updated_since is not None else ""
+        try:
+            rows = self._connection().execute(
+                f"SELECT doc FROM items WHERE pk >= 'delivery#' AND pk < 'delivery$'{where}",
+                {"since": updated_since}).fetchall()
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store scan of {self.path} failed: {err}") from err
+        return [dict(json.loads(row[0])) for row in rows]
 
     # -- in flight -----------------------------------------------------------------
     def _query(self, scope: str, select: str, extra: str, **values: Any) -> list[Any]:

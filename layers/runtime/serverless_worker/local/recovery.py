@@ -1,0 +1,73 @@
+"""What a killed local run left in its state file, settled by the next run on the same file.
+
+The state file is held by one process at a time (``local/state_file.py``), so when a run
+starts, every delivery still in flight in its scope was left by a process that is gone:
+nothing will ever finish it, and waiting for its deadline (minutes: the dispatch timeout,
+the executor's Lambda timeout) would only hold the job. So, before the first tick:
+
+- never claimed by a run (``RECORDED``, ``DISPATCHED``): dispatched again, as the
+  scheduler dispatched it, so the handler runs once now (the executor claims it with the
+  same conditional write; a lease the server took back meanwhile is refused and the
+  delivery discarded, as on Lambda);
+- anything else (``RUNNING``: the handler may have run, but its outcome was never
+  stored; ``OUTCOME_STORED``/``REPORTED``: it ran and may have been reported): made
+  stranded now, by moving its deadline to the past, so the first tick's reaper settles it
+  exactly as it settles a delivery whose Lambda vanished (``runtime/reaper.py``,
+  docs/ledger.md): a timeout for the run that vanished, the stored outcome re-reported,
+  the acknowledgement finished. None of them runs its handler again.
+
+Example::
+
+    report = recover(services)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..runtime.dispatch import DispatchError
+from ..runtime.services import Services
+from ..state.items import DispatchMode, LedgerStatus
+
+__all__ = ["RecoveryReport", "recover"]
+
+log = logging.getLogger("serverless_worker.local")
+
+_NEVER_CLAIMED = frozenset({LedgerStatus.RECORDED, LedgerStatus.DISPATCHED})
+
+
+@dataclass
+class RecoveryReport:
+    """How many deliveries of an earlier run were dispatched again, and how many left to the reaper."""
+
+    dispatched: int = 0
+    stranded: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.dispatched + self.stranded
+
+
+def recover(services: Services) -> RecoveryReport:
+    """Settle the deliveries an earlier process left in flight (see the module docstring)."""
+    store, report = services.store, RecoveryReport()
+    now = services.clock()
+    for item in store.in_flight(services.protocol_name, services.instance):
+        if item.status in _NEVER_CLAIMED:
+            try:
+                if item.dispatch_mode == DispatchMode.STATE_MACHINE:
+                    services.dispatch.start_execution(item.key)
+                else:
+                    services.dispatch.invoke_executor(item.key)
+                report.dispatched += 1
+                continue
+            except DispatchError as err:  # no state machine this run: the reaper hands it back
+                log.warning("recovered delivery %s not dispatched again: %s", item.key, err)
+        # Past its deadline now: the first tick's reaper claims it and settles it.
+        if store.postpone(item.key, now - 1.0):
+            report.stranded += 1
+    if report.total:
+        services.events.add("worker.recovered", f"found {report.total} deliveries of an earlier run in flight",
+                            level="WARN", dispatched=report.dispatched, stranded=report.stranded)
+    return report

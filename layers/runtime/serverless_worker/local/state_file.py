@@ -1,0 +1,108 @@
+"""The local worker's state: one SQLite file (``SqliteStateStore``), held by one process.
+
+A local run keeps its ledger, session and counters in a file (``--state PATH``, by
+default ``.serverless-worker/state.sqlite3`` under the working directory), so a run that
+was killed leaves its deliveries where the next run with the same file finds and settles
+them (``local/recovery.py``). That recovery treats every delivery in flight as left by a
+dead process, so two live processes must never share the file: an exclusive ``flock`` on
+``PATH.lock`` says who holds it. The kernel drops the lock when its process dies, even by
+SIGKILL, so a crash never leaves the file locked. Unset, the state is a temporary file
+removed at the end (the built-in demo, whose sandbox dies with the run too).
+
+Example::
+
+    state = LocalState.open(".serverless-worker/state.sqlite3", final_retention_seconds=600)
+    ...
+    state.close()
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from ..errors import ConfigurationError
+from ..state.sqlite_store import SqliteStateStore
+
+__all__ = ["LocalState"]
+
+
+class LocalState:
+    """The open store, the file it lives in, and the lock that makes this process its only user."""
+
+    def __init__(self, store: SqliteStateStore, path: Path, lock: IO[str] | None, temporary: Path | None) -> None:
+        self.store = store
+        self.path = path
+        self.temporary = temporary is not None
+        self._lock = lock
+        self._temporary = temporary
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | None, *, final_retention_seconds: int,
+             sweep_interval: float = 60.0,
+             on_swept: Callable[[list[str]], None] | None = None) -> LocalState:
+        """Lock and open the state file at ``path`` (created with its directory when new), or a
+        temporary one; ``ConfigurationError`` when another process holds it or it cannot be made."""
+        temporary = Path(tempfile.mkdtemp(prefix="serverless-worker-")) if path is None else None
+        file = (temporary / "state.sqlite3") if temporary is not None else Path(path).expanduser()  # type: ignore[arg-type]
+        lock: IO[str] | None = None
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            lock = _lock(file)
+            # Owner-only: the file holds delivery tokens and the worker session, as the stack's
+            # table does (SQLite gives its -wal and -shm files the database file's mode).
+            os.close(os.open(file, os.O_CREAT | os.O_WRONLY, 0o600))
+            store = SqliteStateStore(file, final_retention_seconds=final_retention_seconds,
+                                     sweep_interval=sweep_interval, on_swept=on_swept)
+        except OSError as err:
+            _release(lock)
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise ConfigurationError(f"state file {file}: {err.strerror or err}") from None
+        except BaseException:
+            _release(lock)
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        return cls(store, file, lock, temporary)
+
+    def close(self) -> None:
+        """Close the store's connections, then let the file go (a temporary one is deleted)."""
+        self.store.close()
+        _release(self._lock)
+        self._lock = None
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _lock(file: Path) -> IO[str] | None:
+    """Hold ``file.lock`` exclusively for as long as this process runs (or until released)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): one process per file is then up to the user
+        return None
+    handle = os.fdopen(os.open(f"{file}.lock", os.O_CREAT | os.O_RDWR, 0o600), "r+", encoding="utf-8")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
+        handle.close()
+        raise ConfigurationError(
+            f"state file {file} is in use by another serverless-worker local"
+            f"{f' (pid {holder})' if holder.isdigit() else ''}; stop it, "
+            "or give this one its own file with --state PATH") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def _release(handle: IO[str] | None) -> None:
+    if handle is not None:
+        handle.close()  # closing the descriptor drops the flock
