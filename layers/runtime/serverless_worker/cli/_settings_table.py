@@ -48,14 +48,25 @@ def _default(field: Any) -> str:
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
-def _template_column(source: Any) -> str:
+def _template_column(source: Any, parameters: dict[str, Any], model_default: str) -> str:
+    """The parameters (with the stack's default where it is not the model's) or resources."""
     if source is None:
         return "-"
-    parts = [f"`{p}`" for p in source.parameters]
+    parts = [f"`{p}`{_stack_default(parameters.get(p, {}), model_default)}" for p in source.parameters]
     parts += [f"`{r}` (resource)" for r in source.resources]
     if not parts and source.literal is not None:
         parts.append(f"fixed `{source.literal}`")
     return ", ".join(parts) or "-"
+
+
+def _stack_default(parameter: dict[str, Any], model_default: str) -> str:
+    if "Default" not in parameter:
+        return "" if model_default == "required" else " (required by the stack)"
+    default = parameter["Default"]
+    if default in ("", [], {}, "{}", "[]"):
+        return "" if model_default in ("empty", "unset") else " (stack default: empty)"
+    shown = f"`{default}`"
+    return "" if shown == model_default else f" (stack default {shown})"
 
 
 def _flag_column(name: str) -> str:
@@ -83,18 +94,23 @@ def _local_default(name: str) -> str:
 def settings_rows(template: Path | None = None) -> list[SettingRow]:
     """One row per ``Settings`` field, in the model's order."""
     sources: dict[str, Any] | None
+    parameters: dict[str, Any] = {}
     try:
         from ..local.template import environment_sources, load_template  # PyYAML: the local extra
 
-        sources = environment_sources(load_template(template))
+        loaded = load_template(template)
+        sources = environment_sources(loaded)
+        parameters = loaded.get("Parameters", {})
     except (ConfigurationError, ImportError):
         sources = None  # no template.yaml here (or no PyYAML): the column says so
     rows = []
     for name, field in Settings.model_fields.items():
         env = env_name(name)
-        column = _template_column(sources.get(env)) if sources is not None else "(no template.yaml found)"
+        default = _default(field)
+        column = (_template_column(sources.get(env), parameters, default) if sources is not None
+                  else "(no template.yaml found)")
         rows.append(SettingRow(name=name, env=env, flags=_flag_column(name), template=column,
-                               default=_default(field), local_default=_local_default(name),
+                               default=default, local_default=_local_default(name),
                                description=field.description or ""))
     return rows
 
