@@ -83,7 +83,8 @@ class WorkerStack:
         lambdas = InProcessLambda()
         retry_sleeps: list[float] = []
         stack.enter_context(mock_aws(config=MOTO_CONFIG))
-        moto_adapter.route_lambda_invoke(stack, lambdas.backend_invoke)
+        # Looked up per call, so a test may replace lambdas.backend_invoke (to throttle, to fail).
+        moto_adapter.route_lambda_invoke(stack, lambda *args: lambdas.backend_invoke(*args))
         moto_adapter.record_retry_sleeps(stack, retry_sleeps.append)  # recorded, not slept
         moto_adapter.patch_definite_jsonpaths(stack)
         moto_adapter.serialize_dynamodb(stack)
