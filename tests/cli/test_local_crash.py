@@ -62,10 +62,10 @@ RESULT_ENDPOINT = {"pipelogiq": "result", "priostack": "complete", "claimqueue":
 # Sandbox settings. The claim queue's lease cannot be renewed, so the held runs' leases
 # must lapse for their items to come back: short, yet longer than a restart and the
 # re-reports that follow it.
-SANDBOX = {"pipelogiq": {}, "priostack": {}, "claimqueue": {"lease_seconds": 8}}
+SANDBOX = {"pipelogiq": {}, "priostack": {}, "claimqueue": {"lease_seconds": 12}}
 # Idle before the second run drains: the claim queue's held items come back only when their
 # leases lapse.
-UNTIL_IDLE = {"pipelogiq": "3", "priostack": "3", "claimqueue": "12"}
+UNTIL_IDLE = {"pipelogiq": "3", "priostack": "3", "claimqueue": "15"}
 SETTLED_BEFORE = (0, 1)     # reported and acknowledged before the kill
 STORED = (2, 3)             # ran, outcome stored, every report refused until the kill
 HELD = (4, 5)               # running at the kill
