@@ -33,6 +33,7 @@ import os
 import random
 import resource
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -325,8 +326,13 @@ def soak_protocol(protocol: str, args: argparse.Namespace, progress: Any) -> dic
         admin.faults(fault_rules(protocol, args.fault_rate), seed=args.seed)
         task = progress.add_task(f"{protocol}", total=args.jobs)
         started = time.monotonic()
-        facts = run_passes(protocol, settings_for(protocol, server.url, key, args), admin, server.url,
-                           args.jobs, progress, task, runs, retention=args.ledger_retention)
+        # One state file for all of this sandbox's passes (each pass is a restart of the same
+        # worker on it), and none beyond it: a fresh sandbox hands out the same job ids again.
+        with tempfile.TemporaryDirectory(prefix=f"soak-{protocol}-") as state_dir:
+            settings = settings_for(protocol, server.url, key, args).model_copy(
+                update={"state_path": str(Path(state_dir) / "state.sqlite3")})
+            facts = run_passes(protocol, settings, admin, server.url, args.jobs, progress, task, runs,
+                               retention=args.ledger_retention)
         seconds = time.monotonic() - started
         progress.update(task, completed=args.jobs)
         jobs = {job_id(protocol, job): job for job in admin.jobs()}

@@ -62,10 +62,10 @@ RESULT_ENDPOINT = {"pipelogiq": "result", "priostack": "complete", "claimqueue":
 # Sandbox settings. The claim queue's lease cannot be renewed, so the held runs' leases
 # must lapse for their items to come back: short, yet longer than a restart and the
 # re-reports that follow it.
-SANDBOX = {"pipelogiq": {}, "priostack": {}, "claimqueue": {"lease_seconds": 8}}
+SANDBOX = {"pipelogiq": {}, "priostack": {}, "claimqueue": {"lease_seconds": 12}}
 # Idle before the second run drains: the claim queue's held items come back only when their
 # leases lapse.
-UNTIL_IDLE = {"pipelogiq": "3", "priostack": "3", "claimqueue": "12"}
+UNTIL_IDLE = {"pipelogiq": "3", "priostack": "3", "claimqueue": "15"}
 SETTLED_BEFORE = (0, 1)     # reported and acknowledged before the kill
 STORED = (2, 3)             # ran, outcome stored, every report refused until the kill
 HELD = (4, 5)               # running at the kill
@@ -162,8 +162,11 @@ def test_a_killed_worker_restarted_on_its_state_file_settles_every_job_once(
         _seed(admin, protocol, [{"n": n} for n in STORED] + [{"n": n, "hold": True} for n in HELD])
         expected = {**{n: {LedgerStatus.OUTCOME_STORED} for n in STORED},
                     **{n: {LedgerStatus.RUNNING} for n in HELD}}
+        # (the ledger says RUNNING from the claim on, before the lease and the handler: the
+        # markers say the handlers did start)
         wait_for(lambda: first.poll() is not None or (
             all(_statuses(state).get(n) == want for n, want in expected.items())
+            and all(_runs(marks)[n] == 1 for n in HELD)
             and admin.stats()["calls"].get(RESULT_ENDPOINT[protocol], 0) >= 2 + len(STORED)),
             60, "stored outcomes refused by the server and held runs")
         assert first.poll() is None, first.communicate()[0]

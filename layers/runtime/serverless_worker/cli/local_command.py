@@ -44,9 +44,13 @@ examples:
       --handler-module my_handlers.py --handlers resize --concurrency 8
   serverless-worker local --protocol claimqueue --url http://127.0.0.1:8083 --api-key-env TOKEN \\
       --queue resize --criteria '{"format": "jpg"}' --until-idle 10
+  serverless-worker local --url https://jobs.example.com --api-key-env MY_KEY --state /var/lib/worker/state.sqlite3
 
 Ctrl-C or SIGTERM drains: no new pulls, running jobs finish, unstarted ones go back; a
 second Ctrl-C stops at once. Exit status 0 only when every job taken has a definite outcome.
+Killed outright, the next run with the same state file (default .serverless-worker/state.sqlite3
+in the working directory) settles every delivery the killed one left; no handler whose outcome
+was stored runs again.
 """
 
 
@@ -55,8 +59,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "local", help="run the worker here: the demo, or a worker for a real server (--url)",
         description="Run the scheduler, executors and state-machine steps of the Lambda stack in this "
-                    "process, with DynamoDB and Step Functions embedded (moto). Without --url it works "
-                    "demo jobs on a built-in sandbox until idle.",
+                    "process, with the state in a SQLite file (--state; a restart on the same file settles "
+                    "what a killed run left) and, for long-running handlers only, Step Functions embedded "
+                    "(moto). Without --url it works demo jobs on a built-in sandbox until idle.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--api-key-env", metavar="NAME",
                         help="the environment variable that holds the API key or bearer token (the key "

@@ -1,10 +1,13 @@
 """Running the stack's code on one machine: ``serverless-worker local``.
 
 The scheduler, executor and state-machine steps are the runtime's own; this package
-supplies what AWS supplies in a deployment, embedded in the process: moto's DynamoDB
-(the table from template.yaml) and Step Functions (the real ASL file), a thread-pool
-dispatcher with Lambda-like contexts, and a built-in sandbox with demo jobs. It also
-holds the template loader and the moto helpers the AWS test tier shares.
+supplies what AWS supplies in a deployment: the state in a SQLite file (``state_file``,
+the same store contract as the stack's table) with recovery of a killed run's
+deliveries (``recovery``), moto's Step Functions for the real ASL file when a handler is
+long-running (``aws``), a thread-pool dispatcher with Lambda-like contexts, and a
+built-in sandbox with demo jobs. It also holds the template loader and the moto helpers
+(``EmbeddedAws`` with the stack's DynamoDB table) the AWS test tier and the benchmarks
+share.
 
 Needs the ``local`` extra (moto, rich, the sandboxes' server); nothing in the Lambda
 layer imports it. Public names load on first use, so importing the package is cheap.
