@@ -95,6 +95,13 @@ class Progress:
             self._printed, self._last_print = current, now
         self._console.print(f"{current[1]}: {current[0].line()}", highlight=False, markup=False)
 
+    def abandon(self) -> None:
+        """End the display without printing anything more (the run never got going)."""
+        self._stopped = True
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
     def stop(self) -> None:
         """End the display (the last status printed, in plain mode); later calls do nothing."""
         if self._stopped:

@@ -55,6 +55,7 @@ from .aws import EmbeddedAws
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
+from .first_contact import FirstContactError, HeldLogs, probe, refusal
 from .handler_module import load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
@@ -76,6 +77,14 @@ EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
 _FATAL_ERRORS = (ConfigurationError, AuthenticationError, ForbiddenError, BadRequestError, NotFoundError)
 _RECOVERABLE_ERRORS = (SessionExpiredError, NotFoundAfterRetryError)
 _POLL = 0.25  # how often the controller refreshes the status and checks for idleness
+# How long the status line and the log wait for the first tick: a refused first contact
+# (a bad key, an unknown queue) shows within a fraction of a second of it.
+_FIRST_CONTACT_HOLD = 2.0
+
+
+def _unique(detail: str) -> str:
+    """``a; a; b`` as ``a; b``: a tick's report repeats the same error once per pull."""
+    return "; ".join(dict.fromkeys(part.strip() for part in detail.split(";") if part.strip()))
 
 
 def _is_fatal(error_class: type[BaseException]) -> bool:
@@ -89,6 +98,7 @@ class _Stop:
 
     reason: str
     exit_status: int | None = None
+    never_reached: bool = False  # the server refused the first contact: no drain, no summary
 
 
 class LocalRunner:
@@ -112,6 +122,8 @@ class LocalRunner:
         self._stop_lock = threading.Lock()
         self._reached_server = False
         self._server_errors = 0
+        self._last_warning = ""  # the last "tick ended early" logged, so a repeat is not logged again
+        self._first_tick_done = threading.Event()
         self._observer = RunObserver()
         self._services: Services      # set by _work, before anything reads them
         self._scheduler: Scheduler
@@ -129,14 +141,22 @@ class LocalRunner:
             # First: a SIGTERM during start-up then drains (nothing taken yet) instead of killing.
             cleanup.callback(self._restore_signals, self._install_signals())
             sandbox = self._start_sandbox(cleanup) if self.own_sandbox else None
+            if sandbox is None:
+                probe(self.settings)  # nothing listens there: one line, before anything starts
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
             self._banner(sandbox, aws, names, dispatcher.concurrency,
                          any(registry.get(name).long_running for name in names))
-            progress = Progress(self.console, live=self.live).start()
+            progress = Progress(self.console, live=self.live)  # started once the first contact went through
             cleanup.callback(progress.stop)
-            forced = self._work(services, scheduler, dispatcher, progress)
+            held = HeldLogs().attach(logging.getLogger().handlers)
+            cleanup.callback(held.detach)
+            forced = self._work(services, scheduler, dispatcher, progress, held)
+            if self._stop is not None and self._stop.never_reached:
+                progress.abandon()
+                held.drop()
+                raise FirstContactError(self._stop.reason)
             progress.stop()
             summary = self._summary(services, aws, sandbox, time.monotonic() - started)
             self.console.print(render_summary(summary))
@@ -220,17 +240,24 @@ class LocalRunner:
 
     # -- working and stopping ------------------------------------------------------------
     def _work(self, services: Services, scheduler: Scheduler, dispatcher: LocalDispatcher,
-              progress: Progress) -> bool:
+              progress: Progress, held: HeldLogs) -> bool:
         """Tick until asked to stop, then drain; returns whether a second signal cut it short."""
         self._services = services
         self._scheduler = scheduler
         ticker = threading.Thread(target=self._tick_loop, name="scheduler-ticks", daemon=True)
         self._observer.restart_clock()
+        unfit_seen = metrics.totals["HandlerCannotFit"]  # before the first tick, which may add one
         ticker.start()
+        self._await_first_contact()
+        if self._stop is not None and self._stop.never_reached:
+            # Nothing was taken and the server refused us: no draining flag, no shutdown call.
+            ticker.join(self._tick_timeout)
+            return False
+        held.release()
+        progress.start()
         progress.phase("working")
         idle = self.settings.until_idle_seconds
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
-        unfit_seen = metrics.totals["HandlerCannotFit"]
         while not self._stop_requested.is_set():
             self._check_signals()
             status = self._status()
@@ -258,6 +285,16 @@ class LocalRunner:
         dispatcher.close(wait=False)
         progress.update(self._status())
         return self._hurry.is_set()
+
+    def _await_first_contact(self) -> None:
+        """Until the first tick ends (or a refusal, a signal, ``_FIRST_CONTACT_HOLD`` seconds):
+        a refused first contact must end in its one line, not after a status line and logs."""
+        deadline = time.monotonic() + _FIRST_CONTACT_HOLD
+        while not self._first_tick_done.is_set() and not self._stop_requested.is_set():
+            self._check_signals()
+            if self._first_tick_done.wait(min(_POLL, max(0.0, deadline - time.monotonic()))) or \
+                    time.monotonic() >= deadline:
+                return
 
     def _stop_unfit(self, services: Services) -> None:
         """A handler's timeout can never fit its limits (``runtime/fit.py``): a configuration
@@ -296,7 +333,7 @@ class LocalRunner:
                 report = self._scheduler.tick(context)
             except Exception as err:
                 if _is_fatal(type(err)):
-                    self._request_stop(f"configuration refused: {err}", exit_status=EXIT_CONFIGURATION)
+                    self._refused(type(err), str(err))
                     return
                 failures += 1
                 self._server_errors += 1
@@ -305,7 +342,8 @@ class LocalRunner:
                 self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
                 continue
             if self._reached(report):
-                self._reached_server, failures = True, 0
+                self._reached_server, failures, self._last_warning = True, 0, ""
+            self._first_tick_done.set()
             if not self._after_tick(report):
                 return
             if report.stopped is not None or time.monotonic() - started < 1.0:
@@ -327,11 +365,23 @@ class LocalRunner:
             return False
         cause = getattr(errors, stopped.rpartition(": ")[2], None)  # the report names the error's class
         if isinstance(cause, type) and _is_fatal(cause):
-            detail = "; ".join(report.errors) or stopped
-            self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
+            self._refused(cause, "; ".join(report.errors) or stopped)
             return False
-        log.warning("tick ended early (%s): %s", stopped, "; ".join(report.errors))
+        warning = f"tick ended early ({stopped}): {'; '.join(report.errors)}"
+        if warning != self._last_warning:  # once while the cause stays the same, not every tick
+            log.warning("%s", warning)
+            self._last_warning = warning
         return True
+
+    def _refused(self, cause: type[BaseException], detail: str) -> None:
+        """The server refused the configuration: before it was ever reached, that is the
+        first contact's one-line error (no drain, no summary); later, a stop with exit 2."""
+        if not self._reached_server:
+            names = list(self.settings.handlers) or self._services.handler_names()
+            self._request_stop(str(refusal(self.settings, cause, _unique(detail), names)),
+                               exit_status=EXIT_CONFIGURATION, never_reached=True)
+        else:
+            self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
 
     def _reached(self, report: TickReport) -> bool:
         """The tick's pulls reached the job server (one went through); notes trouble when not."""
@@ -350,10 +400,10 @@ class LocalRunner:
         return Status(pulled=observer.arrivals, running=max(0, observer.arrivals - settled),
                       done=processed - failed, failed=failed, handed_back=handed_back, discarded=discarded)
 
-    def _request_stop(self, reason: str, exit_status: int | None = None) -> None:
+    def _request_stop(self, reason: str, exit_status: int | None = None, never_reached: bool = False) -> None:
         with self._stop_lock:
             if self._stop is None:
-                self._stop = _Stop(reason, exit_status)
+                self._stop = _Stop(reason, exit_status, never_reached)
         self._stop_requested.set()
         self._observer.capacity.set()
 
