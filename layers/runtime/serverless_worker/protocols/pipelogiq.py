@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_core import to_json
 
-from .. import __version__
 from ..errors import (
     BadRequestError,
     ConfigurationError,
@@ -174,6 +173,8 @@ class PipelogiqClient(HttpProtocolClient):
         force. ``expires_at`` is the server's expiry when it states one, otherwise
         issue time + ``session_ttl_seconds`` (heartbeats never extend a session).
         """
+        from .. import __version__  # here: reading the package metadata costs a cold start nothing else needs
+
         body = BootstrapRequest(
             workerName=identity.worker_name,
             instanceId=identity.instance_id,
