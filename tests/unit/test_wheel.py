@@ -53,9 +53,10 @@ def test_the_wheel_holds_the_package_and_the_console_script(tmp_path: Path) -> N
         info = f"serverless_worker-{VERSION}.dist-info"
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
         metadata = wheel.read(f"{info}/METADATA").decode()
-    # the runtime package, the handler API, the local runner and the typed marker
+    # the runtime package, the handler API, the local runner, the typed marker and init's project
     for module in ("__init__.py", "_version.py", "registry.py", "testing.py", "runtime/executor.py",
-                   "protocols/pipelogiq.py", "local/worker.py", "cli/__init__.py", "py.typed"):
+                   "protocols/pipelogiq.py", "local/worker.py", "cli/__init__.py", "py.typed",
+                   "cli/project/template.yaml", "cli/project/functions/handlers.py.tmpl", "cli/project/gitignore"):
         assert f"serverless_worker/{module}" in names, module
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "functions/"))]
     assert "[console_scripts]\nserverless-worker = serverless_worker.cli:main" in entry_points
