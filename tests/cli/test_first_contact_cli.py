@@ -146,7 +146,7 @@ def test_a_refused_key_ends_at_once_without_calls_beyond_the_first(protocol: str
     assert "--api-key-env" in line
     assert elapsed < FAST, f"took {elapsed:.1f} s"
     assert "taken" not in result.stdout and "handler runs" not in result.stdout
-    assert "pulled=" not in result.stdout
+    assert "jobs taken=" not in result.stdout
     # and the server saw the first bootstrap or pull only: no heartbeat, drain or shutdown
     calls = {label: n for label, n in admin.stats()["calls"].items() if n}
     assert set(calls) == {FIRST_CALL[protocol]}, calls

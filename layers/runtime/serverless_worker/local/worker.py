@@ -198,7 +198,8 @@ class LocalRunner:
         store = DynamoStateStore(aws.table_name, client=aws.dynamodb,
                                  final_retention_seconds=self.ledger_retention_seconds)
         services = Services(settings=settings, store=store,
-                            registry=registry, dispatcher=dispatcher, client_overrides=overrides)
+                            registry=registry, dispatcher=dispatcher, client_overrides=overrides,
+                            watcher=self._observer)
         shared.append(services)
         cleanup.callback(services.close)
         self._sweeper = TtlSweeper(aws.dynamodb, aws.table_name, on_deleted=self._forget,
@@ -265,7 +266,7 @@ class LocalRunner:
             if metrics.totals["HandlerCannotFit"] > unfit_seen:
                 self._stop_unfit(services)
             quiet = self._observer.quiet_for()
-            if idle and quiet >= idle and (status.running == 0 or quiet >= stuck_after):
+            if idle and quiet >= idle and (self._deliveries_running() == 0 or quiet >= stuck_after):
                 self._request_stop(f"no job for {idle:g} s")
             self._stop_requested.wait(_POLL)
         stop = self._stop or _Stop("stopped")
@@ -318,8 +319,10 @@ class LocalRunner:
 
     def _drain(self, services: Services) -> None:
         try:
+            # No shutdown call to a server no pull ever reached (a bootstrap that kept failing):
+            # it has no worker of ours to stop, and the call would only bootstrap one first.
             drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
-                  sleep=self._sleep_unless_hurried)
+                  sleep=self._sleep_unless_hurried, shutdown=self._reached_server)
         except ServerlessWorkerError as err:
             log.warning("drain did not complete: %s", err)
 
@@ -390,15 +393,18 @@ class LocalRunner:
         return report.pulls > pull_errors
 
     def _status(self) -> Status:
-        services, observer = self._services, self._observer
-        # This process's own totals (scheduler and executors share one buffer): the status
-        # line, four times a second, costs no DynamoDB read.
-        counters = services.counters.totals()
-        processed, failed = counters.get("processed", 0), counters.get("failed", 0)
-        handed_back, discarded = counters.get("handed_back", 0), counters.get("discarded", 0)
-        settled = processed + handed_back + discarded + observer.executor_errors
-        return Status(pulled=observer.arrivals, running=max(0, observer.arrivals - settled),
-                      done=processed - failed, failed=failed, handed_back=handed_back, discarded=discarded)
+        """Jobs, as the summary counts them, from what the runtime told the observer in this
+        process: the status line, four times a second, costs no DynamoDB read."""
+        jobs = self._observer.jobs()
+        return Status(taken=jobs.taken, running=jobs.running, done=jobs.done, failed=jobs.failed,
+                      handed_back=jobs.handed_back, discarded=jobs.discarded)
+
+    def _deliveries_running(self) -> int:
+        """Deliveries dispatched and not settled, an executor that failed every retry counted
+        as settled (nothing will settle it in this run): what idleness waits for."""
+        counters = self._services.counters.totals()
+        settled = sum(counters.get(name, 0) for name in ("processed", "handed_back", "discarded"))
+        return max(0, self._observer.arrivals - settled - self._observer.executor_errors)
 
     def _request_stop(self, reason: str, exit_status: int | None = None, never_reached: bool = False) -> None:
         with self._stop_lock:
