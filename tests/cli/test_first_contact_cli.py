@@ -190,3 +190,33 @@ def test_a_host_that_does_not_resolve_ends_at_once_naming_it(handler_file: Path)
     line = one_line(result.stderr)
     assert url in line and "does not resolve" in line, line
     assert elapsed < FAST and result.stdout == ""
+
+
+def test_a_server_that_answers_only_5xx_is_retried_then_left_without_a_drain(sandbox: Callable[..., Any],
+                                                                             handler_file: Path) -> None:
+    # given a Pipelogiq server that answers every bootstrap with 503 (reached, but transiently failing)
+    server, admin = sandbox("pipelogiq")
+    admin.faults([{"kind": "error_5xx", "endpoint": "bootstrap"}], seed=1)
+
+    # when the worker runs until idle
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(CLI), "local", "--protocol", "pipelogiq", "--url", server.url, "--api-key-env", "TEST_KEY",
+         "--handler-module", str(handler_file), "--until-idle", "1"],
+        cwd=ROOT, env=clean_env(TEST_KEY=SECRET), capture_output=True, text=True, timeout=120)
+
+    # then the bootstrap was retried (the existing retries: the server was reached), each retried
+    # call logged once, not once per attempt
+    retries = [line for line in result.stderr.splitlines() if "retrying bootstrap" in line]
+    calls = {label: n for label, n in admin.stats()["calls"].items() if n}
+    assert calls.keys() == {"bootstrap"} and calls["bootstrap"] > len(retries) >= 1, (calls, result.stderr)
+    assert server.url in retries[0] and "HTTP 503" in retries[0]
+    assert "stamina" not in result.stderr
+    # and it ended without a drain (no heartbeat, events or shutdown: only bootstraps, above) and
+    # without a summary of zeros, saying in one line that nothing got through; exit 1
+    assert result.returncode == 1, result
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"serverless-worker local: the job server at {server.url} never answered"), last
+    assert "HTTP 503" in last and "nothing was taken" in last
+    assert "taken " not in result.stdout and "open_session" not in result.stdout + result.stderr
+    assert time.monotonic() - started < 60

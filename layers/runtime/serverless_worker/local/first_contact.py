@@ -73,8 +73,11 @@ def describe_unreachable(err: BaseException, settings: Settings) -> str:
         return "the host name does not resolve"
     if any(isinstance(e, ConnectionRefusedError) for e in chain):
         return "connection refused (nothing listens on that port)"
+    refused = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
+    if refused is not None:
+        return f"its TLS certificate was refused ({refused.verify_message or 'verification failed'})"
     if any(isinstance(e, ssl.SSLError | requests.exceptions.SSLError) for e in chain):
-        return "the TLS handshake failed (certificate or protocol)"
+        return "the TLS handshake failed"
     if any(isinstance(e, requests.exceptions.ReadTimeout) for e in chain):
         return f"connected, but no answer within the read timeout of {settings.read_timeout:g} s (--read-timeout)"
     first = chain[1] if len(chain) > 1 else err

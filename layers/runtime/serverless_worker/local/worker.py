@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -43,6 +44,7 @@ from ..errors import (
     ServerlessWorkerError,
     SessionExpiredError,
 )
+from ..protocols._http import display_url
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.drain import drain
 from ..runtime.executor import execute
@@ -124,6 +126,7 @@ class LocalRunner:
         self._server_errors = 0
         self._last_warning = ""  # the last "tick ended early" logged, so a repeat is not logged again
         self._first_tick_done = threading.Event()
+        self._last_trouble = ""  # the last tick error, for the one line when nothing got through
         self._observer = RunObserver()
         self._services: Services      # set by _work, before anything reads them
         self._scheduler: Scheduler
@@ -157,6 +160,14 @@ class LocalRunner:
                 progress.abandon()
                 held.drop()
                 raise FirstContactError(self._stop.reason)
+            if not forced and self._nothing_got_through():
+                # The server answered HTTP but no bootstrap or pull went through (5xx, 429 to the
+                # end): a summary would be all zeros. One line says what happened instead.
+                progress.abandon()
+                print(f"serverless-worker local: the job server at {display_url(self.settings.base_url)} "
+                      f"never answered a bootstrap or pull that went through ({self._last_trouble or 'see the log'})"
+                      "; nothing was taken", file=sys.stderr)
+                return EXIT_INCOMPLETE
             progress.stop()
             summary = self._summary(services, aws, sandbox, time.monotonic() - started)
             self.console.print(render_summary(summary))
@@ -270,6 +281,11 @@ class LocalRunner:
                 self._request_stop(f"no job for {idle:g} s")
             self._stop_requested.wait(_POLL)
         stop = self._stop or _Stop("stopped")
+        if self._nothing_got_through():
+            # Nothing taken, nothing to hand back: a drain's heartbeat, events and shutdown
+            # would each try to bootstrap first against a server that never let us in.
+            scheduler.wake()
+            return not self._wait(ticker, progress) or self._hurry.is_set()
         progress.phase("draining", note=f"draining ({stop.reason}): no new pulls; running jobs finish, "
                                         "unstarted ones go back")
         try:
@@ -286,6 +302,10 @@ class LocalRunner:
         dispatcher.close(wait=False)
         progress.update(self._status())
         return self._hurry.is_set()
+
+    def _nothing_got_through(self) -> bool:
+        """No bootstrap or pull ever went through and no delivery was taken."""
+        return not self.own_sandbox and not self._reached_server and self._observer.arrivals == 0
 
     def _await_first_contact(self) -> None:
         """Until the first tick ends (or a refusal, a signal, ``_FIRST_CONTACT_HOLD`` seconds):
@@ -340,6 +360,7 @@ class LocalRunner:
                     return
                 failures += 1
                 self._server_errors += 1
+                self._last_trouble = f"{type(err).__name__}: {err}"
                 log.warning("scheduler tick failed (%s: %s); next tick in %.0f s", type(err).__name__, err,
                             min(10.0, 0.5 * 2 ** failures))
                 self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
@@ -370,6 +391,7 @@ class LocalRunner:
         if isinstance(cause, type) and _is_fatal(cause):
             self._refused(cause, "; ".join(report.errors) or stopped)
             return False
+        self._last_trouble = _unique("; ".join(report.errors)) or stopped
         warning = f"tick ended early ({stopped}): {'; '.join(report.errors)}"
         if warning != self._last_warning:  # once while the cause stays the same, not every tick
             log.warning("%s", warning)

@@ -567,7 +567,8 @@ class PipelogiqClient(HttpProtocolClient):
     # -- plumbing ------------------------------------------------------------------------------
     def _require_session(self) -> SessionState:
         if self._session is None:
-            raise ConfigurationError("no Pipelogiq worker session: call open_session() or use_session()")
+            raise ConfigurationError("no Pipelogiq worker session: the server has not answered a bootstrap "
+                                     "(POST /workers/bootstrap) yet")
         return self._session
 
     def _key_headers(self) -> dict[str, str]:
