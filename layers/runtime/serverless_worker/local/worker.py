@@ -160,7 +160,7 @@ class LocalRunner:
                 progress.abandon()
                 held.drop()
                 raise FirstContactError(self._stop.reason)
-            if not forced and self._nothing_got_through():
+            if not forced and (self._stop is None or self._stop.exit_status is None) and self._nothing_got_through():
                 # The server answered HTTP but no bootstrap or pull went through (5xx, 429 to the
                 # end): a summary would be all zeros. One line says what happened instead.
                 progress.abandon()
@@ -281,13 +281,10 @@ class LocalRunner:
                 self._request_stop(f"no job for {idle:g} s")
             self._stop_requested.wait(_POLL)
         stop = self._stop or _Stop("stopped")
-        if self._nothing_got_through():
-            # Nothing taken, nothing to hand back: a drain's heartbeat, events and shutdown
-            # would each try to bootstrap first against a server that never let us in.
-            scheduler.wake()
-            return not self._wait(ticker, progress) or self._hurry.is_set()
-        progress.phase("draining", note=f"draining ({stop.reason}): no new pulls; running jobs finish, "
-                                        "unstarted ones go back")
+        note = f"draining ({stop.reason}): no new pulls; running jobs finish, unstarted ones go back"
+        announced = not self._nothing_got_through()  # the first tick may still say otherwise
+        if announced:
+            progress.phase("draining", note=note)
         try:
             services.store.set_draining(services.protocol_name, services.instance, True)
         except ServerlessWorkerError as err:
@@ -295,6 +292,12 @@ class LocalRunner:
         scheduler.wake()
         if not self._wait(ticker, progress):
             return True
+        if self._nothing_got_through():
+            # Nothing taken, nothing to hand back: a drain's heartbeat, events and shutdown
+            # would each try to bootstrap first against a server that never let us in.
+            return self._hurry.is_set()
+        if not announced:
+            progress.phase("draining", note=note)
         drainer = threading.Thread(target=self._drain, args=(services,), name="drain", daemon=True)
         drainer.start()
         if not self._wait(drainer, progress):
