@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
-from serverless_worker.errors import InvalidApiKeyError, ServerUnavailableError
+from serverless_worker.errors import ForbiddenError, InvalidApiKeyError, NotFoundError, ServerUnavailableError
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from support.claimqueue import QUEUE, TOKEN, ClientMaker, client_maker, job, pull
@@ -235,3 +235,26 @@ def test_duplicate_delivery_fault_hands_out_a_leased_item_again(queue, client_fo
     assert duplicate.job_id == item_id and duplicate.ledger_id == original.ledger_id
     events = [h["event"] for h in job(admin, item_id)["history"]]
     assert events == ["created", "claim", "duplicate_delivery"]
+
+
+def test_a_claim_on_a_queue_the_server_does_not_have_is_not_found(serve, admin_for, client_for) -> None:
+    # given a server whose only queue is another one
+    server = serve("claimqueue", known_queues=["elsewhere"])
+    admin_for(server).seed({"queue": QUEUE, "items": [{"format": "jpg"}]})
+
+    # then a claim on ours is a 404, which the client reads as an unknown queue
+    with pytest.raises(NotFoundError, match="unknown queue") as refused:
+        pull(client_for(server), None)
+    assert refused.value.status == 404
+
+
+def test_a_token_not_allowed_on_the_queue_is_forbidden_there_only(serve, admin_for, client_for) -> None:
+    # given a queue that only another (valid) token may claim from
+    server = serve("claimqueue", tokens=[TOKEN, "other-token"], queues={QUEUE: {"tokens": ["other-token"]}})
+    admin_for(server).seed({"queue": QUEUE, "items": [{"format": "jpg"}]})
+
+    # then our token is refused there with 403, and the allowed one claims the item
+    with pytest.raises(ForbiddenError) as refused:
+        pull(client_for(server), None)
+    assert refused.value.status == 403
+    assert len(pull(client_for(server, token="other-token"), None)) == 1

@@ -12,7 +12,8 @@ Example::
 their modules (``serverless_worker.registry``, ``.job``, ``.handler_runner``...), and
 tests run handlers through :mod:`serverless_worker.testing`. The handler API is imported
 on first use (PEP 562), so ``import serverless_worker`` stays cheap for the CLI and for
-entry points that only need the error tree.
+entry points that only need the error tree; so is ``__version__``, read from the
+installed distribution's metadata.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ __all__ = [
     "Result",
     "handler",
 ]
-__version__ = "0.1.0"
-
 _LAZY = {
     "handler": "registry",
     "CancelReason": "job",
@@ -48,12 +47,28 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _read_version()
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+
+
+def _read_version() -> str:
+    """The installed distribution's version (importlib.metadata), or, where the package
+    runs from copied sources without metadata (the Lambda layer), ``_version.VERSION``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("serverless-worker")
+    except PackageNotFoundError:
+        from ._version import VERSION
+
+        return VERSION
 
 
 def __dir__() -> list[str]:

@@ -28,6 +28,7 @@ PROG = "serverless-worker"
 
 # Modules of this package, one per subcommand, in the order ``--help`` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
+    "init",
     "local",
     "sandbox",
     "invoke",

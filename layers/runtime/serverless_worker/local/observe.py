@@ -1,8 +1,14 @@
 """What the local runner sees as it happens, kept in memory: arrivals, executors running,
-handler starts. Nothing here does I/O, so watching a run adds no calls per job.
+handler starts, and each job's deliveries. Nothing here does I/O, so watching a run adds
+no calls per job.
 
 Handler starts are taken by wrapping each handler function (``instrument``): the ledger
 knows when a run was claimed, but only the wrapper knows when the handler itself began.
+Jobs are counted as the end-of-run summary counts them (``summary.summarize``): a job
+delivered again (a retry, a redelivery) is one job, whose outcome is its last reported
+result, else how its last delivery ended. The runtime tells the observer of each
+delivery recorded and settled (``runtime.services.DeliveryWatcher``), so the live status
+line and the summary count the same unit.
 """
 
 from __future__ import annotations
@@ -15,7 +21,26 @@ from typing import Any
 
 from ..registry import HandlerRegistry
 
-__all__ = ["RunObserver", "instrument"]
+__all__ = ["JobCounts", "RunObserver", "instrument"]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobCounts:
+    """Jobs taken so far, by where each stands now."""
+
+    taken: int = 0
+    running: int = 0        # a delivery of it is recorded and not settled yet
+    done: int = 0
+    failed: int = 0
+    handed_back: int = 0
+    discarded: int = 0
+
+
+@dataclasses.dataclass
+class _Job:
+    open: set[str] = dataclasses.field(default_factory=set)  # ledger ids recorded, not yet settled
+    reported: str | None = None   # "done" or "failed": its last reported result
+    last: str | None = None       # how its last settled delivery ended
 
 
 class RunObserver:
@@ -31,6 +56,7 @@ class RunObserver:
         self.executor_errors = 0
         self.handler_runs = 0
         self.handler_starts: dict[str, float] = {}  # ledger id -> wall time the handler first started
+        self._jobs: dict[str, _Job] = {}             # job id -> its deliveries (DeliveryWatcher)
         self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
 
     def restart_clock(self) -> None:
@@ -59,6 +85,29 @@ class RunObserver:
         with self._lock:
             self.handler_runs += 1
             self.handler_starts.setdefault(ledger_id, now)  # a continued job keeps its first start
+
+    # -- runtime.services.DeliveryWatcher --------------------------------------------------
+    def recorded(self, delivery: Any) -> None:
+        with self._lock:
+            self._jobs.setdefault(str(delivery.job_id), _Job()).open.add(str(delivery.ledger_id))
+
+    def settled(self, delivery: Any, how: str) -> None:
+        with self._lock:
+            job = self._jobs.setdefault(str(delivery.job_id), _Job())
+            job.open.discard(str(delivery.ledger_id))
+            job.last = how
+            if how in ("done", "failed"):
+                job.reported = how
+
+    def jobs(self) -> JobCounts:
+        """Every job so far, each counted once, where it stands."""
+        counts = {"running": 0, "done": 0, "failed": 0, "handed_back": 0, "discarded": 0}
+        with self._lock:
+            for job in self._jobs.values():
+                where = "running" if job.open else job.reported or job.last
+                if where in counts:
+                    counts[where] += 1
+            return JobCounts(taken=len(self._jobs), **counts)
 
     def forget(self, ledger_ids: list[str]) -> None:
         """Drop the starts of deliveries gone from the ledger (swept), so a long run stays bounded."""

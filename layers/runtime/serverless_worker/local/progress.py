@@ -17,7 +17,10 @@ __all__ = ["Progress", "Status"]
 
 @dataclass(frozen=True)
 class Status:
-    pulled: int = 0
+    """Jobs, counted as the summary counts them (``observe.JobCounts``): ``taken`` is the
+    summary's "taken", a job delivered twice is one job."""
+
+    taken: int = 0
     running: int = 0
     done: int = 0
     failed: int = 0
@@ -26,7 +29,7 @@ class Status:
 
     def line(self) -> str:
         extra = f" discarded={self.discarded}" if self.discarded else ""
-        return (f"pulled={self.pulled} running={self.running} done={self.done} failed={self.failed} "
+        return (f"jobs taken={self.taken} running={self.running} done={self.done} failed={self.failed} "
                 f"handed_back={self.handed_back}{extra}")
 
 
@@ -53,7 +56,7 @@ class Progress:
             status, phase = self._status, self._phase
         text = Text.assemble(
             (f"{phase}  ", "bold"),
-            ("pulled ", "dim"), (str(status.pulled), "bold"),
+            ("jobs taken ", "dim"), (str(status.taken), "bold"),
             ("  running ", "dim"), (str(status.running), "bold cyan"),
             ("  done ", "dim"), (str(status.done), "bold green"),
             ("  failed ", "dim"), (str(status.failed), "bold red" if status.failed else "bold"),
@@ -94,6 +97,13 @@ class Progress:
                 return
             self._printed, self._last_print = current, now
         self._console.print(f"{current[1]}: {current[0].line()}", highlight=False, markup=False)
+
+    def abandon(self) -> None:
+        """End the display without printing anything more (the run never got going)."""
+        self._stopped = True
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def stop(self) -> None:
         """End the display (the last status printed, in plain mode); later calls do nothing."""

@@ -1,10 +1,13 @@
 """The end-of-run summary: counted from the ledger (every delivery this run took, and
 where it ended), latencies from job creation, and HTTP calls per job by endpoint.
 
-Reading the ledger once at the end (one scan of the state file) costs nothing per job.
-Job creation time comes from the best source there is, and the table says which: our
-own sandbox's admin history, else ``Delivery.created_at`` when the protocol sends
-it, else the time the job was pulled.
+Reading the ledger once at the end (one scan of the state file) costs nothing per
+job. Job creation time comes from the best source there is, and the table says which:
+our own sandbox's admin history, else ``Delivery.created_at`` when the protocol sends
+it, else the time the job was pulled. Latencies are labelled by where they start:
+"created → ..." only for jobs whose creation time the server gave, "pulled → ..." for
+the others (a latency from the pull is not one from the job's creation, and leaves out
+the time the job waited on the server).
 """
 
 from __future__ import annotations
@@ -92,8 +95,10 @@ class RunSummary:
     in_flight: int = 0
     handler_runs: int = 0
     executor_errors: int = 0
-    to_start: list[float] = field(default_factory=list)
+    to_start: list[float] = field(default_factory=list)    # from creation (the server gave it)
     to_report: list[float] = field(default_factory=list)
+    pulled_to_start: list[float] = field(default_factory=list)   # from the pull (no creation time)
+    pulled_to_report: list[float] = field(default_factory=list)
     creation_sources: Counter[str] = field(default_factory=Counter)
     client_calls: dict[str, int] = field(default_factory=dict)
     server_calls: dict[str, int] | None = None
@@ -139,9 +144,11 @@ def _count_job(summary: RunSummary, deliveries: list[JobRecord], admin_created: 
     """One job's outcome (its last reported delivery, else its last delivery) and latencies."""
     created, source = _created(deliveries[0], admin_created)
     summary.creation_sources[source] += 1
+    to_start, to_report = ((summary.pulled_to_start, summary.pulled_to_report) if source == SOURCE_PULL
+                           else (summary.to_start, summary.to_report))
     starts = [handler_starts[d.ledger_id] for d in deliveries if d.ledger_id in handler_starts]
     if starts:
-        summary.to_start.append(max(0.0, min(starts) - created))
+        to_start.append(max(0.0, min(starts) - created))
     reported = [d for d in deliveries if d.status in _REPORTED and d.outcome is not None]
     if reported:
         last = reported[-1]
@@ -150,7 +157,7 @@ def _count_job(summary: RunSummary, deliveries: list[JobRecord], admin_created: 
         else:
             summary.failed[str(last.outcome.value if last.outcome else "unknown")] += 1
         if last.reported_at is not None:
-            summary.to_report.append(max(0.0, last.reported_at - created))
+            to_report.append(max(0.0, last.reported_at - created))
     elif deliveries[-1].status is LedgerStatus.HANDED_BACK:
         summary.handed_back += 1
     elif deliveries[-1].status is LedgerStatus.DISCARDED:
@@ -211,8 +218,11 @@ def render_summary(summary: RunSummary) -> Any:
     jobs.add_row("handler runs", str(summary.handler_runs), "continuation slices count each")
     if summary.executor_errors:
         jobs.add_row("executor errors", str(summary.executor_errors), "invocations that failed every retry")
-    jobs.add_row("created → handler start", "", _latency(summary.to_start))
-    jobs.add_row("created → result reported", "", _latency(summary.to_report))
+    for origin, to_start, to_report in (("created", summary.to_start, summary.to_report),
+                                        ("pulled", summary.pulled_to_start, summary.pulled_to_report)):
+        if to_start or to_report:  # only the origins some job has: "created" needs the server's time
+            jobs.add_row(f"{origin} → handler start", "", _latency(to_start))
+            jobs.add_row(f"{origin} → result reported", "", _latency(to_report))
     sources = ", ".join(f"{source} ({n})" for source, n in summary.creation_sources.most_common())
     jobs.add_row("job creation time from", "", sources or "-")
 

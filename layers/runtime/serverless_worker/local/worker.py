@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -48,6 +49,7 @@ from ..errors import (
     ServerlessWorkerError,
     SessionExpiredError,
 )
+from ..protocols._http import display_url
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.drain import drain, resume_pulling
 from ..runtime.executor import execute
@@ -58,6 +60,7 @@ from ..runtime.steps import run_step
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
+from .first_contact import FirstContactError, HeldLogs, probe, refusal
 from .handler_module import load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
@@ -84,6 +87,14 @@ EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
 _FATAL_ERRORS = (ConfigurationError, AuthenticationError, ForbiddenError, BadRequestError, NotFoundError)
 _RECOVERABLE_ERRORS = (SessionExpiredError, NotFoundAfterRetryError)
 _POLL = 0.25  # how often the controller refreshes the status and checks for idleness
+# How long the status line and the log wait for the first tick: a refused first contact
+# (a bad key, an unknown queue) shows within a fraction of a second of it.
+_FIRST_CONTACT_HOLD = 2.0
+
+
+def _unique(detail: str) -> str:
+    """``a; a; b`` as ``a; b``: a tick's report repeats the same error once per pull."""
+    return "; ".join(dict.fromkeys(part.strip() for part in detail.split(";") if part.strip()))
 
 
 def _is_fatal(error_class: type[BaseException]) -> bool:
@@ -97,6 +108,7 @@ class _Stop:
 
     reason: str
     exit_status: int | None = None
+    never_reached: bool = False  # the server refused the first contact: no drain, no summary
 
 
 class LocalRunner:
@@ -120,6 +132,9 @@ class LocalRunner:
         self._stop_lock = threading.Lock()
         self._reached_server = False
         self._server_errors = 0
+        self._last_warning = ""  # the last "tick ended early" logged, so a repeat is not logged again
+        self._first_tick_done = threading.Event()
+        self._last_trouble = ""  # the last tick error, for the one line when nothing got through
         self._observer = RunObserver()
         self._services: Services      # set by _work, before anything reads them
         self._scheduler: Scheduler
@@ -141,6 +156,8 @@ class LocalRunner:
             # First: a SIGTERM during start-up then drains (nothing taken yet) instead of killing.
             cleanup.callback(self._restore_signals, self._install_signals())
             sandbox = self._start_sandbox(cleanup) if self.own_sandbox else None
+            if sandbox is None:
+                probe(self.settings)  # nothing listens there: one line, before anything starts
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
@@ -154,9 +171,23 @@ class LocalRunner:
                     f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
                     f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
                     "settled without running again", highlight=False, markup=False)
-            progress = Progress(self.console, live=self.live).start()
+            progress = Progress(self.console, live=self.live)  # started once the first contact went through
             cleanup.callback(progress.stop)
-            forced = self._work(services, scheduler, dispatcher, progress)
+            held = HeldLogs().attach(logging.getLogger().handlers)
+            cleanup.callback(held.detach)
+            forced = self._work(services, scheduler, dispatcher, progress, held)
+            if self._stop is not None and self._stop.never_reached:
+                progress.abandon()
+                held.drop()
+                raise FirstContactError(self._stop.reason)
+            if not forced and (self._stop is None or self._stop.exit_status is None) and self._nothing_got_through():
+                # The server answered HTTP but no bootstrap or pull went through (5xx, 429 to the
+                # end): a summary would be all zeros. One line says what happened instead.
+                progress.abandon()
+                print(f"serverless-worker local: the job server at {display_url(self.settings.base_url)} "
+                      f"never answered a bootstrap or pull that went through ({self._last_trouble or 'see the log'})"
+                      "; nothing was taken", file=sys.stderr)
+                return EXIT_INCOMPLETE
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
             self.console.print(render_summary(summary))
@@ -206,7 +237,8 @@ class LocalRunner:
         cleanup.callback(dispatcher.close, False)
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
         services = Services(settings=settings, store=self._state.store,
-                            registry=registry, dispatcher=dispatcher, client_overrides=overrides)
+                            registry=registry, dispatcher=dispatcher, client_overrides=overrides,
+                            watcher=self._observer)
         shared.append(services)
         cleanup.callback(services.close)
         dispatcher.attach(lambda key, context: execute(services, key, context))
@@ -247,17 +279,24 @@ class LocalRunner:
 
     # -- working and stopping ------------------------------------------------------------
     def _work(self, services: Services, scheduler: Scheduler, dispatcher: LocalDispatcher,
-              progress: Progress) -> bool:
+              progress: Progress, held: HeldLogs) -> bool:
         """Tick until asked to stop, then drain; returns whether a second signal cut it short."""
         self._services = services
         self._scheduler = scheduler
         ticker = threading.Thread(target=self._tick_loop, name="scheduler-ticks", daemon=True)
         self._observer.restart_clock()
+        unfit_seen = metrics.totals["HandlerCannotFit"]  # before the first tick, which may add one
         ticker.start()
+        self._await_first_contact()
+        if self._stop is not None and self._stop.never_reached:
+            # Nothing was taken and the server refused us: no draining flag, no shutdown call.
+            ticker.join(self._tick_timeout)
+            return False
+        held.release()
+        progress.start()
         progress.phase("working")
         idle = self.settings.until_idle_seconds
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
-        unfit_seen = metrics.totals["HandlerCannotFit"]
         while not self._stop_requested.is_set():
             self._check_signals()
             status = self._status()
@@ -265,12 +304,14 @@ class LocalRunner:
             if metrics.totals["HandlerCannotFit"] > unfit_seen:
                 self._stop_unfit(services)
             quiet = self._observer.quiet_for()
-            if idle and quiet >= idle and (status.running == 0 or quiet >= stuck_after):
+            if idle and quiet >= idle and (self._deliveries_running() == 0 or quiet >= stuck_after):
                 self._request_stop(f"no job for {idle:g} s")
             self._stop_requested.wait(_POLL)
         stop = self._stop or _Stop("stopped")
-        progress.phase("draining", note=f"draining ({stop.reason}): no new pulls; running jobs finish, "
-                                        "unstarted ones go back")
+        note = f"draining ({stop.reason}): no new pulls; running jobs finish, unstarted ones go back"
+        announced = not self._nothing_got_through()  # the first tick may still say otherwise
+        if announced:
+            progress.phase("draining", note=note)
         try:
             services.store.set_draining(services.protocol_name, services.instance, True)
         except ServerlessWorkerError as err:
@@ -278,6 +319,12 @@ class LocalRunner:
         scheduler.wake()
         if not self._wait(ticker, progress):
             return True
+        if self._nothing_got_through():
+            # Nothing taken, nothing to hand back: a drain's heartbeat, events and shutdown
+            # would each try to bootstrap first against a server that never let us in.
+            return self._hurry.is_set()
+        if not announced:
+            progress.phase("draining", note=note)
         drainer = threading.Thread(target=self._drain, args=(services,), name="drain", daemon=True)
         drainer.start()
         if not self._wait(drainer, progress):
@@ -285,6 +332,20 @@ class LocalRunner:
         dispatcher.close(wait=False)
         progress.update(self._status())
         return self._hurry.is_set()
+
+    def _nothing_got_through(self) -> bool:
+        """No bootstrap or pull ever went through and no delivery was taken."""
+        return not self.own_sandbox and not self._reached_server and self._observer.arrivals == 0
+
+    def _await_first_contact(self) -> None:
+        """Until the first tick ends (or a refusal, a signal, ``_FIRST_CONTACT_HOLD`` seconds):
+        a refused first contact must end in its one line, not after a status line and logs."""
+        deadline = time.monotonic() + _FIRST_CONTACT_HOLD
+        while not self._first_tick_done.is_set() and not self._stop_requested.is_set():
+            self._check_signals()
+            if self._first_tick_done.wait(min(_POLL, max(0.0, deadline - time.monotonic()))) or \
+                    time.monotonic() >= deadline:
+                return
 
     def _stop_unfit(self, services: Services) -> None:
         """A handler's timeout can never fit its limits (``runtime/fit.py``): a configuration
@@ -308,8 +369,10 @@ class LocalRunner:
 
     def _drain(self, services: Services) -> None:
         try:
+            # No shutdown call to a server no pull ever reached (a bootstrap that kept failing):
+            # it has no worker of ours to stop, and the call would only bootstrap one first.
             drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
-                  sleep=self._sleep_unless_hurried)
+                  sleep=self._sleep_unless_hurried, shutdown=self._reached_server)
         except ServerlessWorkerError as err:
             log.warning("drain did not complete: %s", err)
 
@@ -323,16 +386,18 @@ class LocalRunner:
                 report = self._scheduler.tick(context)
             except Exception as err:
                 if _is_fatal(type(err)):
-                    self._request_stop(f"configuration refused: {err}", exit_status=EXIT_CONFIGURATION)
+                    self._refused(type(err), str(err))
                     return
                 failures += 1
                 self._server_errors += 1
+                self._last_trouble = f"{type(err).__name__}: {err}"
                 log.warning("scheduler tick failed (%s: %s); next tick in %.0f s", type(err).__name__, err,
                             min(10.0, 0.5 * 2 ** failures))
                 self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
                 continue
             if self._reached(report):
-                self._reached_server, failures = True, 0
+                self._reached_server, failures, self._last_warning = True, 0, ""
+            self._first_tick_done.set()
             if not self._after_tick(report):
                 return
             if report.stopped is not None or time.monotonic() - started < 1.0:
@@ -354,11 +419,24 @@ class LocalRunner:
             return False
         cause = getattr(errors, stopped.rpartition(": ")[2], None)  # the report names the error's class
         if isinstance(cause, type) and _is_fatal(cause):
-            detail = "; ".join(report.errors) or stopped
-            self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
+            self._refused(cause, "; ".join(report.errors) or stopped)
             return False
-        log.warning("tick ended early (%s): %s", stopped, "; ".join(report.errors))
+        self._last_trouble = _unique("; ".join(report.errors)) or stopped
+        warning = f"tick ended early ({stopped}): {'; '.join(report.errors)}"
+        if warning != self._last_warning:  # once while the cause stays the same, not every tick
+            log.warning("%s", warning)
+            self._last_warning = warning
         return True
+
+    def _refused(self, cause: type[BaseException], detail: str) -> None:
+        """The server refused the configuration: before it was ever reached, that is the
+        first contact's one-line error (no drain, no summary); later, a stop with exit 2."""
+        if not self._reached_server:
+            names = list(self.settings.handlers) or self._services.handler_names()
+            self._request_stop(str(refusal(self.settings, cause, _unique(detail), names)),
+                               exit_status=EXIT_CONFIGURATION, never_reached=True)
+        else:
+            self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
 
     def _reached(self, report: TickReport) -> bool:
         """The tick's pulls reached the job server (one went through); notes trouble when not."""
@@ -367,20 +445,23 @@ class LocalRunner:
         return report.pulls > pull_errors
 
     def _status(self) -> Status:
-        services, observer = self._services, self._observer
-        # This process's own totals (scheduler and executors share one buffer): the status
-        # line, four times a second, costs no DynamoDB read.
-        counters = services.counters.totals()
-        processed, failed = counters.get("processed", 0), counters.get("failed", 0)
-        handed_back, discarded = counters.get("handed_back", 0), counters.get("discarded", 0)
-        settled = processed + handed_back + discarded + observer.executor_errors
-        return Status(pulled=observer.arrivals, running=max(0, observer.arrivals - settled),
-                      done=processed - failed, failed=failed, handed_back=handed_back, discarded=discarded)
+        """Jobs, as the summary counts them, from what the runtime told the observer in this
+        process: the status line, four times a second, costs no DynamoDB read."""
+        jobs = self._observer.jobs()
+        return Status(taken=jobs.taken, running=jobs.running, done=jobs.done, failed=jobs.failed,
+                      handed_back=jobs.handed_back, discarded=jobs.discarded)
 
-    def _request_stop(self, reason: str, exit_status: int | None = None) -> None:
+    def _deliveries_running(self) -> int:
+        """Deliveries dispatched and not settled, an executor that failed every retry counted
+        as settled (nothing will settle it in this run): what idleness waits for."""
+        counters = self._services.counters.totals()
+        settled = sum(counters.get(name, 0) for name in ("processed", "handed_back", "discarded"))
+        return max(0, self._observer.arrivals - settled - self._observer.executor_errors)
+
+    def _request_stop(self, reason: str, exit_status: int | None = None, never_reached: bool = False) -> None:
         with self._stop_lock:
             if self._stop is None:
-                self._stop = _Stop(reason, exit_status)
+                self._stop = _Stop(reason, exit_status, never_reached)
         self._stop_requested.set()
         self._observer.capacity.set()
 

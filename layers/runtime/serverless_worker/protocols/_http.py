@@ -37,7 +37,8 @@ from ..errors import (
 )
 from ..loopback import is_loopback_url
 
-__all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "retry_call", "is_loopback_url", "header_credential"]
+__all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
+           "header_credential"]
 
 log = logging.getLogger("serverless_worker.http")
 # Every transport, so a SnapStart restore can renew each one's connections (runtime/snapstart.py).
@@ -106,13 +107,17 @@ def _retry_hook(exc: Exception) -> bool | float:
     return isinstance(exc, ServerUnavailableError)
 
 
-def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy) -> T:
+def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "") -> T:
     """Call ``fn(attempt_number)`` until it succeeds or the policy gives up.
 
     The attempt number lets a caller read a 404 on a *retry* as "already applied".
+    The first retry is logged once, saying what is retried, where and why, and the
+    policy's bounds; stamina's own per-attempt warning is switched off (a refused
+    connection used to print a line every backoff step for half a minute).
     """
     import stamina  # here, not at import: stamina and tenacity (asyncio) stay out of a cold start
 
+    _quiet_stamina(stamina)
     number = 0
     for attempt in stamina.retry_context(
         on=_retry_hook,
@@ -124,8 +129,40 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy) -> T:
     ):
         with attempt:
             number += 1
-            return fn(number)
+            try:
+                return fn(number)
+            except Exception as err:
+                if number == 1 and policy.attempts > 1 and _retry_hook(err) is not False:
+                    log.warning("retrying %s%s (up to %d attempts within %g s): %s",
+                                getattr(err, "endpoint", None) or "a call", f" at {where}" if where else "",
+                                policy.attempts, policy.timeout, err)
+                raise
     raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+
+
+_STAMINA_QUIETED = False
+
+
+def _quiet_stamina(stamina: Any) -> None:
+    """Remove stamina's default hook, which logs every scheduled retry (retry_call logs once)."""
+    global _STAMINA_QUIETED
+    if not _STAMINA_QUIETED:
+        stamina.instrumentation.set_on_retry_hooks([])
+        _STAMINA_QUIETED = True
+
+
+def display_url(url: str) -> str:
+    """``url`` as it may be shown in logs and errors: scheme, host, port and path only (no
+    user info or query, which could carry a credential)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}".rstrip("/") if parts.scheme else "(not a URL)"
 
 
 def renew_transports() -> int:

@@ -13,7 +13,7 @@ from typing import ClassVar, TypedDict
 from pydantic import SecretStr
 
 from .. import logsafety
-from ._http import HttpTransport, RetryPolicy, header_credential, retry_call
+from ._http import HttpTransport, RetryPolicy, display_url, header_credential, retry_call
 from .base import WorkerProtocol
 
 __all__ = ["DEFAULT_RETRY", "HttpOptions", "HttpProtocolClient"]
@@ -79,7 +79,7 @@ class HttpProtocolClient(WorkerProtocol):
 
     def _retrying[T](self, call: Callable[[int], T]) -> T:
         """``call(attempt_number)`` under this client's retry policy (reporting calls only)."""
-        return retry_call(call, self._retry)
+        return retry_call(call, self._retry, where=display_url(self.base_url))
 
     def _repr_fields(self) -> Mapping[str, object]:
         """What the repr shows between the base URL and the masked credential."""

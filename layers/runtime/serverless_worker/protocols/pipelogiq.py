@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Literal, TypeVar, Unpack
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_core import to_json
 
-from .. import __version__
 from ..errors import (
     BadRequestError,
     ConfigurationError,
@@ -168,6 +167,8 @@ class PipelogiqClient(HttpProtocolClient):
         force. ``expires_at`` is the server's expiry when it states one, otherwise
         issue time + ``session_ttl_seconds`` (heartbeats never extend a session).
         """
+        from .. import __version__  # here: reading the package metadata costs a cold start nothing else needs
+
         body = BootstrapRequest(
             workerName=identity.worker_name,
             instanceId=identity.instance_id,
@@ -560,7 +561,8 @@ class PipelogiqClient(HttpProtocolClient):
     # -- plumbing ------------------------------------------------------------------------------
     def _require_session(self) -> SessionState:
         if self._session is None:
-            raise ConfigurationError("no Pipelogiq worker session: call open_session() or use_session()")
+            raise ConfigurationError("no Pipelogiq worker session: the server has not answered a bootstrap "
+                                     "(POST /workers/bootstrap) yet")
         return self._session
 
     def _key_headers(self) -> dict[str, str]:

@@ -1,5 +1,13 @@
 """Counters published as CloudWatch EMF through Powertools Metrics in Lambda, and kept
-in memory everywhere (the local runner and tests read them)."""
+in memory everywhere (the local runner and tests read them).
+
+Every name the runtime publishes is listed in :data:`METRIC_NAMES`, all of them counts in
+the ``POWERTOOLS_METRICS_NAMESPACE`` namespace (``ServerlessWorker`` in template.yaml) with
+the one dimension ``service`` (``POWERTOOLS_SERVICE_NAME``, the stack's name). The
+dashboard and the alarms in template.yaml may reference only these, and every
+``metrics.add`` in the runtime must name one of them: tests/unit/test_dashboard.py checks
+both, so the dashboard cannot drift from what is emitted.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # Powertools is imported only in Lambda, at the first flush
     from aws_lambda_powertools import Metrics as EmfMetrics
 
-__all__ = ["Metrics", "metrics"]
+__all__ = ["DIMENSION", "EXECUTOR_ACTIONS", "METRIC_NAMES", "Metrics", "metrics"]
+
+# The one dimension of every metric (Powertools' ``service``).
+DIMENSION = "service"
+# What one executor invocation did with its delivery: ``Jobs_<action>`` (entry.py). The
+# settled ones (settle.Settlement), then the executor's own answers (executor.py).
+EXECUTOR_ACTIONS: tuple[str, ...] = (
+    "reported", "handed_back", "discarded",
+    "acknowledged", "superseded", "missing", "skipped", "unknown",
+)
+METRIC_NAMES: frozenset[str] = frozenset({
+    # the scheduler, once per tick (entry.scheduler_tick)
+    "SuccessfulPolls", "DeliveriesPulled", "DeliveriesDispatched", "DuplicatesDiscarded", "DispatchFailed",
+    "StrandedReaped",
+    # the executor, once per delivery (entry.execute_delivery)
+    *(f"Jobs_{action}" for action in EXECUTOR_ACTIONS),
+    # as they happen
+    "LeasesLost",        # lease.py, steps.py: a running job's renewal was refused or expired
+    "HandlerCannotFit",  # fit.py: a handler's timeout can never fit its lease and Lambda limits
+    "SettleAbandoned",   # reaper.py: an outcome could not be settled within its retries
+})
 
 
 class Metrics:

@@ -393,6 +393,8 @@ class Scheduler:
             services.events.add("job.duplicate_discarded", f"duplicate delivery of job {delivery.job_id}",
                                 job_id=delivery.job_id)
             return "duplicate"
+        if services.watcher is not None:
+            services.watcher.recorded(delivery)
         try:
             if long_running:
                 services.dispatch.start_execution(key)

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import SecretStr
 
 from ..errors import InvalidApiKeyError, SessionExpiredError
-from ..protocols.base import WorkerIdentity, WorkerProtocol
+from ..protocols.base import Delivery, WorkerIdentity, WorkerProtocol
 from .dispatch import Dispatcher, DispatchError
 from .events import EventBuffer
 from .session import SessionKeeper
@@ -28,10 +28,21 @@ if TYPE_CHECKING:  # types only: the runtime must not pay for these imports befo
     from ..state.contract import StateStore
     from .counters import CounterBuffer
 
-__all__ = ["Services"]
+__all__ = ["DeliveryWatcher", "Services"]
 
 log = logging.getLogger("serverless_worker.runtime")
 T = TypeVar("T")
+
+
+class DeliveryWatcher(Protocol):
+    """Told of each delivery as it is recorded and as it settles, in this process, with no
+    I/O: the local runner's live status counts jobs from it. Lambda has none."""
+
+    def recorded(self, delivery: Delivery) -> None:
+        """The delivery is in the ledger and about to be dispatched."""
+
+    def settled(self, delivery: Delivery, how: str) -> None:
+        """It settled: ``done``, ``failed`` (a result reported), ``handed_back`` or ``discarded``."""
 
 
 @dataclass
@@ -46,6 +57,7 @@ class Services:
     clock: Callable[[], float] = time.time
     events: EventBuffer = field(default_factory=EventBuffer)
     client_overrides: dict[str, Any] = field(default_factory=dict)
+    watcher: DeliveryWatcher | None = None
     _protocol: WorkerProtocol | None = field(default=None, init=False, repr=False)
     _credential: SecretStr | None = field(default=None, init=False, repr=False)
     _keeper: SessionKeeper | None = field(default=None, init=False, repr=False)

@@ -101,7 +101,7 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
         # to the new activation, rather than strand the job with nobody holding it.
         receipt = report(services, key, delivery, outcome, record=False)
         _acknowledge(services, key, delivery, receipt=receipt)
-    count_settled(services, outcome)
+    count_settled(services, outcome, delivery=delivery)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
 
@@ -189,7 +189,7 @@ def _hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
     services.store.mark_handed_back(key, reason, epoch=epoch)
     services.events.add("job.handed_back", f"job {delivery.job_id} handed back: {reason}",
                         job_id=delivery.job_id)
-    count_settled(services, None, handed_back=1)
+    count_settled(services, None, delivery=delivery, handed_back=1)
     return Settlement("handed_back", detail=reason)
 
 
@@ -205,13 +205,15 @@ def _discard(services: Services, key: str, delivery: Delivery, reason: str) -> S
     except NotFoundError as err:
         log.info("discard found nothing to settle: %s", err)
     services.store.mark_discarded(key, reason)
-    count_settled(services, None, discarded=1)
+    count_settled(services, None, delivery=delivery, discarded=1)
     return Settlement("discarded", detail=reason)
 
 
-def count_settled(services: Services, outcome: Outcome | None, **extra: int) -> None:
+def count_settled(services: Services, outcome: Outcome | None, *, delivery: Delivery | None = None,
+                  **extra: int) -> None:
     """Count the settled job in this container's buffer: no DynamoDB write per job (the
-    buffer writes a batch at most every ``counters_flush_seconds``)."""
+    buffer writes a batch at most every ``counters_flush_seconds``); and tell the
+    services' watcher, if any (the local runner's live status), which delivery it was."""
     deltas = dict(extra)
     if outcome is not None:
         deltas["processed"] = 1
@@ -221,3 +223,10 @@ def count_settled(services: Services, outcome: Outcome | None, **extra: int) -> 
         services.counters.add(**deltas)
     except Exception:  # counters are informational; never fail a settled job over them
         log.warning("counters not updated", exc_info=True)
+    if services.watcher is not None and delivery is not None:
+        how = ("done" if outcome.is_success else "failed") if outcome is not None else \
+            ("handed_back" if extra.get("handed_back") else "discarded")
+        try:
+            services.watcher.settled(delivery, how)
+        except Exception:  # as informational as the counters
+            log.warning("delivery watcher failed", exc_info=True)

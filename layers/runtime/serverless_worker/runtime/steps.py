@@ -409,7 +409,7 @@ def ack_step(services: Services, event: dict[str, Any], context: LambdaContextLi
     item = services.store.get(key)
     if item is not None and item.status is LedgerStatus.REPORTED:
         acknowledge(services, key, item.delivery)
-        count_settled(services, item.outcome)
+        count_settled(services, item.outcome, delivery=item.delivery)
         return {"acknowledged": True}
     return {"acknowledged": False}
 

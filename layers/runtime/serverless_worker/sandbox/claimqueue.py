@@ -16,7 +16,9 @@ Choices where the document is silent:
   is not a list, and comparisons across types (``"a" < 3``, booleans against numbers)
   never match. Only strings with strings and numbers with numbers are ordered.
 - Errors are ``{"ok": false, "error": ...}``: 401 bad token, 400 bad JSON / a progress
-  or result body that is not an object / malformed criteria, 404 unknown item.
+  or result body that is not an object / malformed criteria, 404 unknown item. With
+  ``known_queues`` set, a claim on another queue gets 404; a queue's ``tokens`` limit
+  which tokens may claim from it (403 for the others), over HTTP.
 - Progress on a non-terminal item is kept whatever its status (even pending).
 - ``GET /<queue>/items/<id>`` (label ``items.get``) reads an item back, as a producer's
   status read would; the client uses it to reconcile retried results.
@@ -67,6 +69,9 @@ class QueueSettings(BaseModel):
     lease_seconds: float | None = Field(default=None, gt=0)
     timeout_seconds: float | None = Field(default=None, gt=0)
     no_timeout: bool = False  # this queue never times items out
+    # Tokens allowed on this queue (None: every token the server accepts); another valid
+    # token gets 403, as a server scoping tokens to queues answers.
+    tokens: list[str] | None = None
 
 
 class ClaimQueueSandboxConfig(BaseModel):
@@ -75,6 +80,9 @@ class ClaimQueueSandboxConfig(BaseModel):
     # Queue timeout: an item not finished this long after creation becomes "failed".
     timeout_seconds: float | None = Field(default=3600, gt=0)
     queues: dict[str, QueueSettings] = Field(default_factory=dict)
+    # The queues that exist (None: any name is a queue); a claim on another gets 404,
+    # as a server with provisioned queues answers a misspelt name.
+    known_queues: list[str] | None = None
     sweep_interval: float = Field(default=0.1, gt=0)
 
 
@@ -246,6 +254,7 @@ class ClaimQueueSandbox(Sandbox):
     async def _http_claim(self, request: Request) -> Response:
         try:
             self._authorize(request.headers.get("authorization"))
+            self._admit(request.path_params["queue"], request.headers.get("authorization"))
             body = await _read_object(request, empty_ok=True)
             worker, criteria = _claim_args(body)
             answer = self._claim(request.path_params["queue"], worker, criteria, socket=None)
@@ -445,6 +454,15 @@ class ClaimQueueSandbox(Sandbox):
         candidate = presented.strip().encode()
         if not any(hmac.compare_digest(candidate, token.encode()) for token in self.config.tokens):
             raise _Refused(401, "unauthorized")
+
+    def _admit(self, queue: str, header: str | None) -> None:
+        """404 for a queue that does not exist, 403 for a token not allowed on it."""
+        if self.config.known_queues is not None and queue not in self.config.known_queues:
+            raise _Refused(404, "no such queue")
+        allowed = self._settings(queue).tokens
+        presented = (header or "").partition(" ")[2].strip().encode()
+        if allowed is not None and not any(hmac.compare_digest(presented, t.encode()) for t in allowed):
+            raise _Refused(403, "token not allowed on this queue")
 
     def _find(self, queue: str, item_id: str) -> _Item:
         item = self._items.get(item_id)
