@@ -20,10 +20,6 @@ from typing import Any
 
 import pytest
 
-from serverless_worker.sandbox import create_sandbox
-from serverless_worker.sandbox._server import SandboxServer
-from serverless_worker.sandbox.admin import SandboxAdmin
-
 pytestmark = pytest.mark.cli
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
@@ -95,20 +91,6 @@ def closed_port() -> Iterator[int]:
     yield sock.getsockname()[1]
     sock.close()
 
-
-@pytest.fixture
-def sandbox() -> Iterator[Callable[..., tuple[SandboxServer, SandboxAdmin]]]:
-    started: list[tuple[SandboxServer, SandboxAdmin]] = []
-
-    def _start(protocol: str, **config: Any) -> tuple[SandboxServer, SandboxAdmin]:
-        server = SandboxServer(create_sandbox(protocol, **SANDBOX_KEYS[protocol], **config)).start()
-        started.append((server, SandboxAdmin(server.url)))
-        return started[-1]
-
-    yield _start
-    for server, admin in started:
-        admin.close()
-        server.stop()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -14,13 +14,12 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.settings import Settings
 from support.waiting import wait_for
@@ -117,23 +116,6 @@ def held(protocol: str, job: dict[str, Any]) -> bool:
         return job["state"] == "active"
     return job["status"] == "processing"
 
-
-@pytest.fixture
-def sandbox() -> Iterator[Callable[..., tuple[SandboxServer, SandboxAdmin]]]:
-    """A sandbox accepting only SECRET, in this process (the worker is the subprocess)."""
-    from serverless_worker.sandbox import create_sandbox
-
-    started: list[tuple[SandboxServer, SandboxAdmin]] = []
-
-    def _start(protocol: str, **config: Any) -> tuple[SandboxServer, SandboxAdmin]:
-        server = SandboxServer(create_sandbox(protocol, **SANDBOX_KEYS[protocol], **config)).start()
-        started.append((server, SandboxAdmin(server.url)))
-        return started[-1]
-
-    yield _start
-    for server, admin in started:
-        admin.close()
-        server.stop()
 
 
 @pytest.fixture
