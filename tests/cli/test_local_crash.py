@@ -21,6 +21,7 @@ import sqlite3
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,23 @@ def _runs(marks: Path) -> Counter[int]:
     return Counter(int(path.name.split(".")[0]) for path in marks.glob("*.run"))
 
 
+@contextmanager
+def killed_when_done(command: list[str], cwd: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """The first run: started, left to reach the state the body waits for, then killed
+    outright (SIGKILL: no drain, nothing settled on the way out)."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        yield process
+        assert process.poll() is None, process.communicate()[0]
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_killed_worker_restarted_on_its_state_file_settles_every_job_once(
         protocol: str, served: tuple[SandboxServer, SandboxAdmin], tmp_path: Path) -> None:
@@ -148,9 +166,7 @@ def test_a_killed_worker_restarted_on_its_state_file_settles_every_job_once(
     command = [str(CLI), "local", "--protocol", protocol, "--url", server.url, "--api-key-env", "TEST_KEY",
                "--handler-module", str(module), "--concurrency", "4", "--state", str(state)]
     env = clean_env(TEST_KEY=SECRET, CRASH_MARKS=str(marks))
-    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-    try:
+    with killed_when_done(command, tmp_path, env) as first:
         # given two jobs settled by the first run
         _seed(admin, protocol, [{"n": n} for n in SETTLED_BEFORE])
         wait_for(lambda: first.poll() is not None or (
@@ -169,14 +185,7 @@ def test_a_killed_worker_restarted_on_its_state_file_settles_every_job_once(
             and all(_runs(marks)[n] == 1 for n in HELD)
             and admin.stats()["calls"].get(RESULT_ENDPOINT[protocol], 0) >= 2 + len(STORED)),
             60, "stored outcomes refused by the server and held runs")
-        assert first.poll() is None, first.communicate()[0]
         # when the worker is killed: no drain, nothing settled on the way out
-        first.send_signal(signal.SIGKILL)
-        first.communicate(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate()
     at_kill = _statuses(state)
     assert all(not _results(protocol, job) for job in admin.jobs() if _input(protocol, job)["n"] not in
                SETTLED_BEFORE), "a refused report reached the server"
@@ -304,20 +313,11 @@ def test_a_long_running_job_killed_mid_slice_is_settled_once_by_the_next_run(
         admin.seed({"handler": "crash.long", "inputs": [{"n": 7, "hold": True}]})
     else:
         admin.seed({"queue": "crash.long", "items": [{"n": 7, "hold": True}]})
-    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-    try:
+    with killed_when_done(command, tmp_path, env) as first:
         # given the long job's first slice running under the state machine
         wait_for(lambda: first.poll() is not None or (
             _statuses(state).get(7) == {LedgerStatus.RUNNING} and _runs(marks)[7] == 1), 90, "the slice to run")
-        assert first.poll() is None, first.communicate()[0]
         # when the worker is killed, and started again on its state file
-        first.send_signal(signal.SIGKILL)
-        first.communicate(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate()
     (item,) = _ledger(state)[7]
     assert item.dispatch_mode == "state_machine" and item.status is LedgerStatus.RUNNING
     (marks / "hold").unlink()
