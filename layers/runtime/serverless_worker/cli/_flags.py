@@ -15,8 +15,8 @@ from typing import Any
 
 from ..settings import ENV_PREFIX, Settings
 
-__all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "env_name", "flag_names", "one_of",
-           "settings_from_args"]
+__all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "add_worker_flags", "env_name",
+           "flag_names", "one_of", "settings_from_args"]
 
 # The key itself never goes on a command line (shell history, ps): --api-key-env names a variable.
 NO_FLAG = frozenset({"api_key"})
@@ -77,6 +77,17 @@ def one_of(choices: list[str]) -> Any:
 
     parse.__name__ = "choice"
     return parse
+
+
+def add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    """``--api-key-env`` and ``--queue``: how a command that talks to a job server (local,
+    doctor) is given its key and a claim queue; ``build_settings`` reads both."""
+    parser.add_argument("--api-key-env", metavar="NAME",
+                        help="the environment variable that holds the API key or bearer token (the key "
+                             "itself is never a flag); default SW_API_KEY")
+    parser.add_argument("--queue", metavar="NAME",
+                        help="claim queue to work (the same as --handlers NAME); with it, --criteria is "
+                             "that queue's criteria object, e.g. '{\"format\": \"jpg\"}'")
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:

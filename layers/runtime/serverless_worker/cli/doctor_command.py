@@ -23,7 +23,7 @@ CHECK_RETRY_ATTEMPTS, CHECK_RETRY_SECONDS = 2, 5.0
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``doctor`` subcommand."""
-    from ._flags import add_settings_flags
+    from ._flags import add_settings_flags, add_worker_flags
 
     parser = subparsers.add_parser(
         "doctor", help="check settings, credential and the job server without taking work (--smoke: end to end)",
@@ -31,9 +31,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "handler module, the credential, and the job server (reachable, credential accepted). "
                     "--smoke (Pipelogiq) then runs a two-stage pipeline end to end and prints PASS or "
                     "what failed.")
-    parser.add_argument("--api-key-env", metavar="NAME",
-                        help="the environment variable that holds the API key or bearer token; default SW_API_KEY")
-    parser.add_argument("--queue", metavar="NAME", help="claim queue to check (the same as --handlers NAME)")
     parser.add_argument("--smoke", action="store_true",
                         help="Pipelogiq: create a two-stage pipeline through /pipelines/idempotent and work it "
                              "(the first stage fails once, then succeeds); creates a worker record and a test "
@@ -42,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="stage handler name of the smoke pipeline (default serverless-worker-smoke)")
     parser.add_argument("--smoke-timeout", metavar="SECONDS", type=float, default=60.0,
                         help="how long the smoke pipeline may take (default 60)")
+    add_worker_flags(parser)
     add_settings_flags(parser)
     parser.set_defaults(handler=run)
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
 from ..settings import Settings
-from ._flags import add_settings_flags, env_name, flag_names, settings_from_args
+from ._flags import add_settings_flags, add_worker_flags, env_name, flag_names, settings_from_args
 
 __all__ = ["build_settings", "register", "run"]
 
@@ -63,12 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "what a killed run left) and, for long-running handlers only, Step Functions embedded "
                     "(moto). Without --url it works demo jobs on a built-in sandbox until idle.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--api-key-env", metavar="NAME",
-                        help="the environment variable that holds the API key or bearer token (the key "
-                             "itself is never a flag); default SW_API_KEY")
-    parser.add_argument("--queue", metavar="NAME",
-                        help="claim queue to work (the same as --handlers NAME); with it, --criteria is "
-                             "that queue's criteria object, e.g. '{\"format\": \"jpg\"}'")
+    add_worker_flags(parser)
     add_settings_flags(parser)
     parser.set_defaults(handler=run)
 
