@@ -69,6 +69,7 @@ class Doctor:
     smoke_handler: str = SMOKE_HANDLER
     smoke_timeout: float = 60.0
     checks: list[Check] = field(default_factory=list)
+    handler_names: list[str] = field(default_factory=list)  # what the handlers check found
 
     def run(self) -> Iterator[Check]:
         """Yield each check as it completes (so a slow server shows where it is slow)."""
@@ -94,7 +95,7 @@ class Doctor:
                                            list(self.settings.handlers))
         except ServerlessWorkerError as err:
             return Check("handlers", False, str(err))
-        names = list(self.settings.handlers) or registry.names()
+        names = self.handler_names = list(self.settings.handlers) or registry.names()
         if not names:
             return Check("handlers", False, f"{self.settings.handler_module} registers no @handler functions")
         return Check("handlers", True, f"{self.settings.handler_module}: {', '.join(names)}")
@@ -151,18 +152,12 @@ def _probe_priostack(doctor: Doctor, client: WorkerProtocol) -> str:
 
 
 def _probe_claimqueue(doctor: Doctor, client: WorkerProtocol) -> str:
-    queues = list(doctor.settings.handlers) or _registered(doctor)
+    queues = doctor.handler_names
     for queue in queues:
         taken = client.pull(PullRequest(handler=queue, max_items=1, criteria=_NEVER_MATCHES))
         for delivery in taken:  # a server that ignored the criteria: give the item straight back
             client.hand_back(delivery)
     return f"token accepted; queue{'s' if len(queues) != 1 else ''} {', '.join(queues)} answered a claim"
-
-
-def _registered(doctor: Doctor) -> list[str]:
-    from .handler_module import load_local_handlers
-
-    return load_local_handlers(doctor.settings.handler_module, doctor.project_root, []).names()
 
 
 _PROBES: dict[str, Callable[[Doctor, WorkerProtocol], str]] = {
