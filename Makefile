@@ -133,9 +133,13 @@ ruff: venv ## ruff on everything
 mypy: venv ## mypy on the package
 	$(VENV)/bin/mypy
 
-sam-validate: sam-venv ## sam validate --lint on template.yaml, and how it publishes versions (check_versions.py)
+sam-validate: venv sam-venv ## sam validate --lint on template.yaml and on the template `serverless-worker init` writes; check_versions.py
 	$(SAM) validate --lint --region $(AWS_REGION)
 	$(SAM_VENV)/bin/python scripts/check_versions.py template.yaml
+	@project=$$(mktemp -d)/my-worker; trap 'rm -rf "$$(dirname "$$project")"' EXIT; \
+		$(VENV)/bin/serverless-worker init "$$project" >/dev/null; \
+		echo "sam validate --lint on the template of serverless-worker init"; \
+		cd "$$project" && $(CURDIR)/$(SAM) validate --lint --region $(AWS_REGION)
 
 sam-build: sam-venv ## sam build for ARCHITECTURE (x86_64 or arm64) with python3.13, then check the bytecode
 	$(SAM) build --parameter-overrides Architecture=$(ARCHITECTURE)

@@ -1,11 +1,11 @@
 """CLI tier: ``serverless-worker init DIR`` writes a project of the user's own.
 
 The project must work as written: its tests of the example handler pass at once (run
-here with this environment's Python, as a user would after ``pip install``), its
-template passes ``sam validate --lint`` (when the SAM CLI venv exists; in CI, where
-``make sam-venv`` makes it, its absence fails the test), and its layer installs the
-runtime by name at this package's version. An existing, non-empty DIR is refused in one
-line with exit 2, and nothing in it is touched.
+here with this environment's Python, as a user would after ``pip install``) and its
+layer installs the runtime by name at this package's version. Its template's
+``sam validate --lint`` runs in ``make sam-validate``, where the SAM CLI is installed.
+An existing, non-empty DIR is refused in one line with exit 2, and nothing in it is
+touched.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from serverless_worker import __version__
 pytestmark = pytest.mark.cli
 
 CLI = Path(sys.executable).with_name("serverless-worker")
-ROOT = Path(__file__).resolve().parents[2]
-SAM = ROOT / ".venv-sam" / "bin" / "sam"
 
 
 def init(directory: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -36,7 +34,7 @@ def outside_pytest_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "SW_"))}
 
 
-def test_init_writes_a_project_whose_tests_pass_and_whose_template_validates(tmp_path: Path) -> None:
+def test_init_writes_a_project_whose_tests_pass(tmp_path: Path) -> None:
     # given a new directory name
     project = tmp_path / "my-worker"
 
@@ -65,17 +63,6 @@ def test_init_writes_a_project_whose_tests_pass_and_whose_template_validates(tmp
                            env=outside_pytest_env(), capture_output=True, text=True, timeout=120)
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert "3 passed" in tests.stdout
-
-    # and its template passes sam validate --lint (cfn-lint included)
-    if not SAM.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{SAM} is missing in CI: make sam-venv creates it")
-        return  # a developer machine without `make sam-venv`: the checks above still ran
-    lint = subprocess.run([str(SAM), "validate", "--lint", "-t", "template.yaml"], cwd=project,
-                          env={**outside_pytest_env(), "SAM_CLI_TELEMETRY": "0"}, capture_output=True, text=True,
-                          timeout=180)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
-    assert "is a valid SAM Template" in lint.stdout + lint.stderr
 
 
 def test_init_into_a_directory_that_is_not_empty_is_refused_in_one_line(tmp_path: Path) -> None:
