@@ -49,6 +49,10 @@ class Metrics:
         self.totals: defaultdict[str, float] = defaultdict(float)
         self._pending: defaultdict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
+        # One emit at a time: Powertools' Metrics is one shared buffer, so two flushes that
+        # interleave (executors on threads, locally and in tests) let the second find it
+        # emptied by the first, and Powertools raises on an empty flush.
+        self._emit_lock = threading.Lock()
         self._emf: EmfMetrics | None = None
 
     def add(self, name: str, value: float = 1) -> None:
@@ -66,12 +70,12 @@ class Metrics:
         from aws_lambda_powertools import Metrics as EmfMetrics
         from aws_lambda_powertools.metrics import MetricUnit
 
-        if self._emf is None:
-            self._emf = EmfMetrics()
-        emf = self._emf
-        for name, value in pending.items():
-            emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
-        emf.flush_metrics()
+        with self._emit_lock:
+            if self._emf is None:
+                self._emf = EmfMetrics()
+            for name, value in pending.items():
+                self._emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
+            self._emf.flush_metrics()
 
 
 metrics = Metrics()
