@@ -24,7 +24,6 @@ pytestmark = pytest.mark.cli
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 CLI = Path(sys.executable).with_name("serverless-worker")
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "first-contact-k3y-never-printed-91c2"
 IDLE = 60  # the run's idle limit: a fail-fast run ends far below it
 FAST = 20  # seconds: loose, for a slow shared machine; the old behaviour took 60-85 s
@@ -64,7 +63,9 @@ def local(protocol: str, url: str, handler_file: Path, key: str, *extra: str) ->
     result = subprocess.run(
         [str(CLI), "local", "--protocol", protocol, "--url", url, "--api-key-env", "TEST_KEY",
          "--handler-module", str(handler_file), "--handlers", "double", "--until-idle", str(IDLE), *extra],
-        cwd=ROOT, env=clean_env(TEST_KEY=key), capture_output=True, text=True, timeout=IDLE + 60)
+        # In the handler's (temporary) directory: the run's state file goes there, not into the
+        # repository, where a test on another xdist worker would find it locked.
+        cwd=handler_file.parent, env=clean_env(TEST_KEY=key), capture_output=True, text=True, timeout=IDLE + 60)
     return result, time.monotonic() - started
 
 
@@ -185,7 +186,7 @@ def test_a_server_that_answers_only_5xx_is_retried_then_left_without_a_drain(san
     result = subprocess.run(
         [str(CLI), "local", "--protocol", "pipelogiq", "--url", server.url, "--api-key-env", "TEST_KEY",
          "--handler-module", str(handler_file), "--until-idle", "1"],
-        cwd=ROOT, env=clean_env(TEST_KEY=SECRET), capture_output=True, text=True, timeout=120)
+        cwd=handler_file.parent, env=clean_env(TEST_KEY=SECRET), capture_output=True, text=True, timeout=120)
 
     # then the bootstrap was retried (the existing retries: the server was reached), each retried
     # call logged once, not once per attempt

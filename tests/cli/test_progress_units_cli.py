@@ -20,7 +20,6 @@ from serverless_worker.sandbox.admin import SandboxAdmin
 pytestmark = pytest.mark.cli
 
 CLI = Path(sys.executable).with_name("serverless-worker")
-ROOT = Path(__file__).resolve().parents[2]
 KEY = "progress-units-k3y"
 
 # Fails on a job's first delivery (3 retries left), succeeds on its retry.
@@ -56,7 +55,7 @@ def test_the_status_line_and_the_summary_count_jobs_not_deliveries(tmp_path: Pat
         result = subprocess.run(
             [str(CLI), "local", "--protocol", "priostack", "--url", server.url, "--api-key-env", "TEST_KEY",
              "--handler-module", str(handlers), "--concurrency", "2", "--until-idle", "4"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         jobs = admin.jobs()
     finally:
         admin.close()
