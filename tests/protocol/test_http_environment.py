@@ -1,5 +1,5 @@
-"""HttpTransport reads the environment once (trust_env off): proxies and NO_PROXY are still
-honoured, and a ~/.netrc password never replaces the credentials we send."""
+"""HttpTransport reads the environment once: proxies and NO_PROXY are honoured, the CA
+bundle is kept, and a ~/.netrc password never replaces the credentials we send."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_requests_reach_a_loopback_sandbox_without_trusting_the_environment(serv
     admin_for(server).seed({"queue": "q", "items": [{"n": 1}]})
     transport = HttpTransport(server.url)
     try:
-        assert transport._session.trust_env is False
+        assert transport.proxy is None
         answer = transport.request("GET", "/_admin/jobs", endpoint="admin")
         assert answer.status == 200
         assert [job["item"] for job in answer.json()["jobs"]] == [{"n": 1}]
@@ -148,12 +148,27 @@ def test_ca_bundle_from_the_environment_is_kept(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("CURL_CA_BUNDLE", str(bundle))
     transport = HttpTransport("https://jobs.example.com")
     try:
-        assert transport._session.verify == str(bundle)
+        assert transport.ca_bundle == str(bundle)
     finally:
         transport.close()
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "other.pem"))
     transport = HttpTransport("https://jobs.example.com")
     try:
-        assert transport._session.verify == str(tmp_path / "other.pem")
+        assert transport.ca_bundle == str(tmp_path / "other.pem")
     finally:
         transport.close()
+
+
+def test_a_base_url_with_a_path_prefixes_every_call_and_params_become_the_query(recorder: _Recorder) -> None:
+    # given a server mounted under /jobs-api
+    transport = HttpTransport(recorder.url + "/jobs-api/")
+    try:
+        # when calls go to it with and without parameters, and to the base itself
+        transport.request("GET", "/items", endpoint="items")
+        transport.request("GET", "/items", endpoint="items", params={"state": "open", "skip": None, "n": 2})
+        transport.request("GET", "", endpoint="probe")
+    finally:
+        transport.close()
+
+    # then each is sent under the prefix, with the parameters given (None left out)
+    assert [path for path, _ in recorder.seen] == ["/jobs-api/items", "/jobs-api/items?state=open&n=2", "/jobs-api"]

@@ -28,7 +28,8 @@ import ssl
 import threading
 from collections.abc import Sequence
 
-import requests
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
+from urllib3.exceptions import SSLError as Urllib3SSLError
 
 from ..errors import (
     AuthenticationError,
@@ -67,7 +68,7 @@ def probe(settings: Settings) -> None:
 def describe_unreachable(err: BaseException, settings: Settings) -> str:
     """The cause of a failed connection in words: refused, unknown host, no answer, TLS."""
     chain = list(_causes(err))
-    if any(isinstance(e, requests.exceptions.ConnectTimeout) for e in chain):
+    if any(isinstance(e, ConnectTimeoutError) and not isinstance(e, NewConnectionError) for e in chain):
         return f"no answer within the connect timeout of {settings.connect_timeout:g} s (--connect-timeout)"
     if any(isinstance(e, socket.gaierror) or "NameResolution" in type(e).__name__ for e in chain):
         return "the host name does not resolve"
@@ -76,9 +77,9 @@ def describe_unreachable(err: BaseException, settings: Settings) -> str:
     refused = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
     if refused is not None:
         return f"its TLS certificate was refused ({refused.verify_message or 'verification failed'})"
-    if any(isinstance(e, ssl.SSLError | requests.exceptions.SSLError) for e in chain):
+    if any(isinstance(e, ssl.SSLError | Urllib3SSLError) for e in chain):
         return "the TLS handshake failed"
-    if any(isinstance(e, requests.exceptions.ReadTimeout) for e in chain):
+    if any(isinstance(e, ReadTimeoutError) for e in chain):
         return f"connected, but no answer within the read timeout of {settings.read_timeout:g} s (--read-timeout)"
     first = chain[1] if len(chain) > 1 else err
     return f"transport failure ({type(first).__name__})"

@@ -1,5 +1,13 @@
-"""HTTP plumbing shared by the protocol clients: one pooled session, timeouts on every
+"""HTTP plumbing shared by the protocol clients: one connection pool, timeouts on every
 call, transport failures translated to domain errors in one place, and retries.
+
+The pool is urllib3's (the transport under ``requests``, pinned in the layer) used
+directly, one pool for the one host: on loopback a call through ``requests`` costs the
+client about 470 µs of CPU, through this transport 210 µs (``python -m
+benchmarks.http_calls``), and the local worker is bound by its own CPU. None of what
+``requests`` adds is wanted here: cookies, redirects and ``.netrc`` credentials are all
+things a worker must not follow, and the environment's proxy and CA bundle are read once,
+below (with ``requests``' own rules for them).
 
 Retries use `stamina` (a small, well-kept layer over tenacity: exponential backoff with
 jitter, an explicit predicate, and ``stamina.set_testing`` to turn backoff off in
@@ -21,13 +29,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
-import requests
+import urllib3
 from pydantic import SecretStr
-from requests.adapters import HTTPAdapter
-from requests.structures import CaseInsensitiveDict
-from requests.utils import get_environ_proxies, select_proxy
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ProxyError
+from urllib3.response import BaseHTTPResponse
 
 from ..errors import (
     ConfigurationError,
@@ -38,7 +45,7 @@ from ..errors import (
 from ..loopback import is_loopback_url
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
-           "header_credential"]
+           "header_credential", "open_connections"]
 
 log = logging.getLogger("serverless_worker.http")
 # Every transport, so a SnapStart restore can renew each one's connections (runtime/snapstart.py).
@@ -47,7 +54,7 @@ _TRANSPORTS: weakref.WeakSet[HttpTransport] = weakref.WeakSet()
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
-# Printable ASCII without spaces: anything else could be echoed by `requests` (or
+# Printable ASCII without spaces: anything else could be echoed by the HTTP library (or
 # `websockets`) in an "invalid header value" error, credential included.
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 
@@ -175,7 +182,7 @@ def renew_transports() -> int:
 
 @dataclass(eq=False)  # compared by identity: transports live in a WeakSet
 class HttpTransport:
-    """One pooled ``requests.Session`` per client with explicit connect/read timeouts.
+    """One urllib3 connection pool per client with explicit connect/read timeouts.
 
     Refuses plain ``http://`` to anything but loopback unless ``allow_insecure_http``.
     Counts calls per endpoint label so the runtime can report HTTP calls per job.
@@ -202,31 +209,38 @@ class HttpTransport:
                 f"refusing plain http:// to non-loopback host {parts.hostname}; use https:// "
                 "or set allow_insecure_http explicitly")
         self.base_url = self.base_url.rstrip("/")
-        self._session = self._new_session()
+        self.proxy, self.ca_bundle = _environment_settings(self.base_url)
+        self._headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Accept-Encoding": "gzip, deflate"}
+        self._prefix = urlsplit(self.base_url).path  # what a direct pool is sent: the path only
+        self._pool = self._new_pool()
         self._lock = threading.Lock()
         _TRANSPORTS.add(self)
 
-    def _new_session(self) -> requests.Session:
-        session = requests.Session()
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=self.pool_maxsize, max_retries=0)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
-        session.headers["User-Agent"] = self.user_agent
-        session.trust_env = False
-        proxies, verify = _environment_settings(self.base_url)
-        session.proxies.update(proxies)
-        if verify is not None:
-            session.verify = verify
-        return session
+    def _new_pool(self) -> urllib3.PoolManager | urllib3.HTTPConnectionPool:
+        """The pool for the one host every call goes to (no per-call URL routing), or a
+        proxy manager when a proxy applies."""
+        options: dict[str, Any] = {"maxsize": self.pool_maxsize, "block": False, "retries": False}
+        if self.base_url.startswith("https:"):
+            options["cert_reqs"] = "CERT_REQUIRED"
+            bundle = self.ca_bundle or _default_ca_bundle()
+            options["ca_cert_dir" if os.path.isdir(bundle) else "ca_certs"] = bundle
+        if self.proxy:
+            return urllib3.ProxyManager(self.proxy, num_pools=4, **options)
+        return urllib3.connection_from_url(self.base_url, **options)
+
+    @property
+    def pooled_connections(self) -> int:
+        """Connections held open (SnapStart's restore must leave none of before)."""
+        return open_connections(self._pool)
 
     def renew(self) -> None:
-        """Close every pooled connection and start a new session with the same settings.
+        """Close every pooled connection and start a new pool with the same settings.
 
         For a SnapStart restore: environments restored from one snapshot must not share
         the sockets (or TLS sessions) the snapshot's environment had open.
         """
-        old, self._session = self._session, self._new_session()
-        old.close()
+        old, self._pool = self._pool, self._new_pool()
+        _close_pool(old)
 
     def request(
         self,
@@ -247,44 +261,54 @@ class HttpTransport:
         """
         with self._lock:
             self.calls[endpoint] += 1
+        sent = {**self._headers, **(headers or {})}
         if json_body is not None:
             data = json.dumps(json_body, separators=(",", ":")).encode()
-            headers = {**(headers or {}), "Content-Type": "application/json"}
-        timeout = (self.connect_timeout, read_timeout if read_timeout is not None else self.read_timeout)
+            sent["Content-Type"] = "application/json"
+        if isinstance(self._pool, urllib3.PoolManager):
+            url = self.base_url + path
+        else:  # a pool for the one host is sent the request target only
+            url = self._prefix + path
+            url = url if url.startswith("/") else "/" + url
+        if params:
+            url += "?" + urlencode([(k, v) for k, v in params.items() if v is not None], doseq=True)
+        read = read_timeout if read_timeout is not None else self.read_timeout
         started = time.monotonic()
         try:
-            resp = self._session.request(method, self.base_url + path, data=data, headers=headers,
-                                         params=params, timeout=timeout, stream=True,
-                                         allow_redirects=False)  # credentials must not follow a redirect
+            # No retries and no redirects here: retries are retry_call's, and a credential
+            # must never follow a redirect.
+            resp = self._pool.urlopen(method, url, body=data, headers=sent, retries=False, redirect=False,
+                                      timeout=urllib3.Timeout(connect=self.connect_timeout, read=read),
+                                      preload_content=False, decode_content=True)
+            complete = False
             try:
-                body = self._read_body(resp, timeout[1], endpoint)
-                wire_bytes = resp.raw.tell()
+                body = self._read_body(resp, read, endpoint)
+                wire_bytes = resp.tell()
+                complete = True
             finally:
-                resp.close()
+                if not complete:
+                    resp.close()  # a half-read connection must not go back to the pool
+                resp.release_conn()
         except ServerUnavailableError:
             raise
-        except (requests.exceptions.ConnectTimeout, requests.exceptions.ProxyError) as err:
+        except NewConnectionError as err:  # refused, or the name does not resolve: nothing was sent
+            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=False) from err
+        except (ConnectTimeoutError, ProxyError) as err:
             raise ServerUnavailableError("could not connect", endpoint=endpoint, ambiguous=False) from err
-        except requests.exceptions.ConnectionError as err:
-            # A refused connection never reached the server; anything else may have.
-            ambiguous = not _is_connect_refused(err)
-            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=ambiguous) from err
-        except (requests.exceptions.Timeout, requests.exceptions.RequestException, OSError) as err:
-            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=True) from err
-        except Exception as err:  # urllib3 ProtocolError/IncompleteRead surface here when streaming
+        except Exception as err:  # read timeouts, resets, TLS and protocol errors: it may have arrived
             raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=True) from err
         if len(body) > self.max_response_bytes:
             raise ProtocolViolationError(f"response larger than {self.max_response_bytes} bytes",
-                                         endpoint=endpoint, status=resp.status_code)
+                                         endpoint=endpoint, status=resp.status)
         declared = resp.headers.get("Content-Length")
         # Content-Length counts the bytes on the wire, before any Content-Encoding is undone.
         if declared is not None and declared.isdigit() and int(declared) != wire_bytes:
             raise ServerUnavailableError("response truncated", endpoint=endpoint, ambiguous=True)
-        log.debug("http %s %s -> %s in %.1f ms", method, endpoint, resp.status_code,
+        log.debug("http %s %s -> %s in %.1f ms", method, endpoint, resp.status,
                   (time.monotonic() - started) * 1000)
-        return HttpResponse(resp.status_code, CaseInsensitiveDict(resp.headers), body, endpoint)
+        return HttpResponse(resp.status, resp.headers.copy(), body, endpoint)
 
-    def _read_body(self, resp: requests.Response, read_timeout: float, endpoint: str) -> bytes:
+    def _read_body(self, resp: BaseHTTPResponse, read_timeout: float, endpoint: str) -> bytes:
         """At most ``max_response_bytes + 1`` bytes of the body, decoded, within ``read_timeout``.
 
         The socket timeout alone bounds only the gap between two bytes: a server that
@@ -297,11 +321,11 @@ class HttpTransport:
         chunks: list[bytes] = []
         size = 0
         while size < limit:
-            chunk = resp.raw.read1(min(65536, limit - size), decode_content=True)
+            chunk = resp.read1(min(65536, limit - size), decode_content=True)
             if chunk:
                 chunks.append(chunk)
                 size += len(chunk)
-            elif resp.raw.closed:  # the whole body is in
+            elif resp.closed:  # the whole body is in
                 break
             if time.monotonic() > deadline:
                 raise ServerUnavailableError(
@@ -321,36 +345,49 @@ class HttpTransport:
                                          status=response.status, ambiguous=True)
 
     def close(self) -> None:
-        self._session.close()
+        _close_pool(self._pool)
 
 
-def _environment_settings(base_url: str) -> tuple[dict[str, str], str | None]:
-    """The proxy and CA bundle ``trust_env`` would apply to ``base_url``, resolved once.
+def _environment_settings(base_url: str) -> tuple[str | None, str | None]:
+    """The proxy URL and CA bundle for ``base_url``, read from the environment once.
 
-    With ``trust_env`` on, requests re-reads the environment, stats ``~/.netrc`` and the
-    CA bundle on every call (about a tenth of the local runtime's time); every call goes
-    to one base URL, so the answer cannot change between calls. ``.netrc`` is left out on
-    purpose: its password would replace the credential headers the clients send.
+    Proxies as ``requests`` reads them (``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY``
+    with its CIDR ranges), through its own functions, imported only when a proxy variable
+    is set; ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` for the CA bundle. Every call
+    goes to one base URL, so the answer cannot change between calls. ``.netrc`` is never
+    read: its password would replace the credential headers the clients send.
     """
-    scheme = urlsplit(base_url).scheme
-    proxy = select_proxy(base_url, get_environ_proxies(base_url))  # honours NO_PROXY
-    proxies = {scheme: proxy} if proxy else {}
+    proxy = None
+    if any(name.lower().endswith("_proxy") for name in os.environ):
+        from requests.utils import get_environ_proxies, select_proxy
+
+        proxy = select_proxy(base_url, get_environ_proxies(base_url))  # honours NO_PROXY
     verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None
-    return proxies, verify
+    return proxy, verify
 
 
-def _is_connect_refused(err: BaseException) -> bool:
-    seen: set[int] = set()
-    cur: BaseException | None = err
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, ConnectionRefusedError):
-            return True
-        if "NewConnectionError" in type(cur).__name__ or "Connection refused" in str(type(cur)):
-            return True
-        first_arg = cur.args[0] if cur.args and isinstance(cur.args[0], BaseException) else None
-        cur = cur.__cause__ or cur.__context__ or first_arg
-    return False
+def open_connections(pool: urllib3.PoolManager | urllib3.HTTPConnectionPool) -> int:
+    """How many connections ``pool`` holds open."""
+    if isinstance(pool, urllib3.PoolManager):
+        return sum(open_connections(host_pool) for host_pool in list(pool.pools.values()))
+    queue = pool.pool
+    if queue is None:  # closed
+        return 0
+    return sum(1 for connection in list(queue.queue) if connection is not None and connection.sock is not None)
+
+
+def _close_pool(pool: urllib3.PoolManager | urllib3.HTTPConnectionPool) -> None:
+    if isinstance(pool, urllib3.PoolManager):
+        pool.clear()
+    else:
+        pool.close()
+
+
+def _default_ca_bundle() -> str:
+    """certifi's bundle, as ``requests`` uses (certifi is pinned in the layer)."""
+    import certifi
+
+    return str(certifi.where())
 
 
 def _describe(err: BaseException) -> str:
