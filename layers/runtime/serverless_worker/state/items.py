@@ -178,6 +178,30 @@ def attributes_size(attributes: dict[str, Any]) -> int:
                if value is not None)
 
 
+# DynamoDB stores a number in at most 21 bytes (38 significant digits, two a byte, plus one).
+_MAX_NUMBER_BYTES = 21
+
+
+def attributes_size_bound(attributes: dict[str, Any]) -> int:
+    """An upper bound of :func:`attributes_size` without encoding a string (at most 4 bytes
+    a character): the exact count matters only near the limit, and costs more than a write's
+    other work for the few short attributes a transition sets."""
+    total = 0
+    for name, value in attributes.items():
+        if value is None:
+            continue
+        total += 4 * len(name)
+        if isinstance(value, str):
+            total += 4 * len(value)
+        elif isinstance(value, bool):
+            total += 1
+        elif isinstance(value, int | float | Decimal):
+            total += _MAX_NUMBER_BYTES
+        else:
+            total += _plain_size(value)
+    return total
+
+
 def item_size(item: dict[str, Any]) -> int:
     """DynamoDB's size of an item in wire form: attribute names plus values, in bytes."""
     return sum(len(name.encode("utf-8")) + _value_size(value) for name, value in item.items())

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -35,7 +36,7 @@ from typing import Any
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
-from .items import DispatchMode, LedgerItem, LedgerStatus, attributes_size, compact_model, dumps
+from .items import DispatchMode, LedgerItem, LedgerStatus, attributes_size, attributes_size_bound, compact_model, dumps
 from .keys import (
     DEADLINE,
     ITEM_MAX_BYTES,
@@ -83,6 +84,15 @@ CREATE INDEX IF NOT EXISTS expiry ON items (ttl) WHERE ttl IS NOT NULL;
 
 _UNREPORTED_STATUSES = (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED, LedgerStatus.DISPATCH_FAILED,
                         LedgerStatus.RUNNING, LedgerStatus.OUTCOME_STORED)
+
+
+@functools.lru_cache(maxsize=256)
+def _named_parameters(expression: str, count: int) -> str:
+    """``expression`` with its ``count`` positional ``?`` as ``:p0``, ``:p1`` ..., to sit beside
+    the condition's named parameters. A patch's SQL depends only on its shape, so few exist."""
+    for i in range(count):
+        expression = expression.replace("?", f":p{i}", 1)
+    return expression
 
 
 def _attr(name: str) -> str:
@@ -257,13 +267,13 @@ class SqliteStateStore:
         if size > ITEM_MAX_BYTES:
             raise ItemTooLargeError(pk, what, size, ITEM_MAX_BYTES)
 
-    def _after(self, pk: str, what: str, written: int, row: Any) -> dict[str, Any] | None:
+    def _after(self, pk: str, what: str, row: Any) -> dict[str, Any] | None:
         """The row an update returned, checked against the item limit (rolled back when past it)."""
         if row is None:
             return None
         doc: dict[str, Any] = json.loads(row[0])
-        if len(row[0]) * _BOUND_PER_CHAR > ITEM_MAX_BYTES and attributes_size(doc) > ITEM_MAX_BYTES:
-            raise ItemTooLargeError(pk, what, written, ITEM_MAX_BYTES)
+        if len(row[0]) * _BOUND_PER_CHAR > ITEM_MAX_BYTES and (size := attributes_size(doc)) > ITEM_MAX_BYTES:
+            raise ItemTooLargeError(pk, what, size, ITEM_MAX_BYTES)
         return doc
 
     def _update(self, pk: str, patch: _Patch, condition: str | None, *, what: str,
@@ -273,13 +283,12 @@ class SqliteStateStore:
         ``upsert`` creates the item when absent (an update without a condition does, in DynamoDB).
         """
         self._maybe_sweep()
-        written = attributes_size({PK: pk, **patch.written})
-        if written > ITEM_MAX_BYTES:
+        attributes = {PK: pk, **patch.written}
+        if attributes_size_bound(attributes) > ITEM_MAX_BYTES and \
+                (written := attributes_size(attributes)) > ITEM_MAX_BYTES:
             raise ItemTooLargeError(pk, what, written, ITEM_MAX_BYTES)
         named = {f"p{i}": p for i, p in enumerate(patch.params)}
-        expression = patch.expression
-        for i in range(len(patch.params)):
-            expression = expression.replace("?", f":p{i}", 1)
+        expression = _named_parameters(patch.expression, len(patch.params))
         where = f" AND ({condition})" if condition else ""
         with self._write() as db:
             if upsert:
@@ -287,7 +296,7 @@ class SqliteStateStore:
                 db.execute("INSERT OR IGNORE INTO items (pk, doc) VALUES (:pk, :base)", {"pk": pk, "base": base})
             row = db.execute(f"UPDATE items SET doc = {expression} WHERE pk = :pk{where} RETURNING doc",
                              {"pk": pk, **named, **values}).fetchone()
-            return self._after(pk, what, written, row)
+            return self._after(pk, what, row)
 
     def _put(self, pk: str, attributes: dict[str, Any], condition: str, *, what: str,
              **values: Any) -> tuple[bool, dict[str, Any]]:
