@@ -1,10 +1,10 @@
 """Run one handler within a time budget and turn whatever happened into an Outcome.
 
-The handler runs in a daemon thread while the calling thread watches the budget and
-an external cancel signal (lease lost, shutdown). Python cannot kill a thread, so
-stopping is cooperative: the runner sets ``job.cancelled``, gives the handler
-``grace_seconds`` to notice, then returns the outcome regardless. A handler that
-ignores cancellation is abandoned: the outcome is decided once, here, and nothing the
+The handler runs in a daemon thread (reused between runs: ``handler_threads.py``) while
+the calling thread watches the budget and an external cancel signal (lease lost,
+shutdown). Python cannot kill a thread, so stopping is cooperative: the runner sets
+``job.cancelled``, gives the handler ``grace_seconds`` to notice, then returns the
+outcome regardless. A handler that ignores cancellation is abandoned: the outcome is decided once, here, and nothing the
 thread does afterwards can change it. Locally the daemon thread cannot block exit. In
 Lambda a frozen sandbox is thawed for the next invocation and the thread would resume
 there, so ``RunResult.abandoned`` tells the runtime to end the sandbox (exit the
@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import BadInputError, BusinessError, JobCancelledError
+from .handler_threads import handler_threads
 from .job import CancelReason, Clock, Job, ProgressReporter, cancel_job, runtime_job, truncate_utf8
 from .outcome import Outcome, OutcomeKind, ResultExtras, ResultLog
 from .protocols.base import Delivery
@@ -198,10 +199,8 @@ def run_handler(
         protocol=delivery.protocol, handler=spec.name, checkpoint=checkpoint,
         callback_token=callback_token, reporter=progress, clock=clock)
     box = _Box()
-    thread = threading.Thread(target=_call, args=(spec, job, box), name=f"sw-handler-{spec.name}",
-                              daemon=True)
     try:
-        thread.start()
+        handler_threads.run(f"sw-handler-{spec.name}", lambda: _call(spec, job, box))
     except RuntimeError as err:  # "can't start new thread": out of threads or memory
         log.error("could not start a thread for handler %s", spec.name, exc_info=err, extra=job.log_context)
         return done(Outcome(kind=OutcomeKind.NOT_STARTED, error_code="NO_THREAD",
