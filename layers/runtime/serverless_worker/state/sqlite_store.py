@@ -10,9 +10,10 @@ its row count decides, as DynamoDB's condition does, and a lost fence raises the
 :class:`StaleWriteError`. DynamoDB's TTL becomes a sweep that deletes expired rows when
 the store opens and then at most every ``sweep_interval`` seconds, on a write.
 
-Threads: one connection per thread (WAL lets readers run beside the one writer); every
-write is a ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock
-(``busy_timeout``) instead of failing. Sizes are held to DynamoDB's 400 KB item limit,
+Threads: one connection per thread (WAL lets readers run beside the one writer); writes
+queued while one commits are committed together in one ``BEGIN IMMEDIATE`` transaction,
+each in its own savepoint (``group_commit.py``), and another process's writer waits on
+SQLite's lock (``busy_timeout``) instead of failing. Sizes are held to DynamoDB's 400 KB item limit,
 measured as DynamoDB measures, so a job behaves the same on both backends.
 
 Example::
@@ -28,14 +29,14 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
+from .group_commit import GroupCommit
 from .items import DispatchMode, LedgerItem, LedgerStatus, attributes_size, attributes_size_bound, compact_model, dumps
 from .keys import (
     DEADLINE,
@@ -65,6 +66,8 @@ from .rules import (
 )
 
 __all__ = ["SqliteStateStore"]
+
+_T = TypeVar("_T")
 
 # DynamoDB's size of an item is at most twice its compact JSON's bytes (a one-digit number
 # is 2 bytes there, 1 in JSON; everything else costs JSON more), and UTF-8 spends at most
@@ -175,9 +178,10 @@ class SqliteStateStore:
         self._connections_lock = threading.Lock()
         # Writers in this process take turns here rather than on SQLite's file lock, whose
         # busy handler sleeps (1, 2, 5 ... 100 ms) between tries: with dozens of executor
-        # threads that sleeping, not the writes, set the pace. Other processes still meet
-        # the file lock (busy_timeout). Reentrant, so a nested write fails in SQLite, loudly.
-        self._write_turn = threading.RLock()
+        # threads that sleeping, not the writes, set the pace; and the writes queued while
+        # one commits are committed together (group_commit.py). Other processes still meet
+        # the file lock (busy_timeout).
+        self._writes = GroupCommit(self._connection)
         self._next_sweep = 0.0
         connection = self._connection()
         try:
@@ -214,31 +218,25 @@ class SqliteStateStore:
         with self._ops_lock:
             self.ops[kind] += 1
 
-    @contextmanager
-    def _write(self, *, counted: bool = True) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken up front (``BEGIN IMMEDIATE``) so it never deadlocks on upgrade."""
-        db = self._connection()
+    def _write(self, write: Callable[[sqlite3.Connection], _T], *, counted: bool = True) -> _T:
+        """``write(connection)`` in a write transaction (``BEGIN IMMEDIATE``, so it never
+        deadlocks on upgrade), committed before this returns; SQLite's errors as the store's."""
         if counted:
             self._count("write")
         try:
-            with self._write_turn:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield db
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
-                db.execute("COMMIT")
+            result: _T = self._writes.run(write)
         except sqlite3.Error as err:
             raise StateStoreError(f"SQLite state store {self.path}: write failed: {err}") from err
+        return result
 
     def sweep(self) -> int:
         """Delete rows past their ``ttl`` (DynamoDB's TTL, as a sweep); returns how many went."""
         now = self._clock()
         self._next_sweep = now + self._sweep_interval
-        with self._write(counted=False) as db:  # housekeeping, free like DynamoDB's TTL: not in ops
-            keys = [row[0] for row in db.execute(
-                "DELETE FROM items WHERE ttl IS NOT NULL AND ttl < ? RETURNING pk", (now,)).fetchall()]
+        keys: list[str] = self._write(  # housekeeping, free like DynamoDB's TTL: not in ops
+            lambda db: [row[0] for row in db.execute(
+                "DELETE FROM items WHERE ttl IS NOT NULL AND ttl < ? RETURNING pk", (now,)).fetchall()],
+            counted=False)
         if keys and self._on_swept is not None:
             self._on_swept(keys)  # the local runner forgets what it kept per swept delivery
         return len(keys)
@@ -290,13 +288,15 @@ class SqliteStateStore:
         named = {f"p{i}": p for i, p in enumerate(patch.params)}
         expression = _named_parameters(patch.expression, len(patch.params))
         where = f" AND ({condition})" if condition else ""
-        with self._write() as db:
-            if upsert:
-                base = dumps({PK: pk, SK: sort_key_for(pk)})
+        sql = f"UPDATE items SET doc = {expression} WHERE pk = :pk{where} RETURNING doc"
+        base = dumps({PK: pk, SK: sort_key_for(pk)}) if upsert else None
+
+        def write(db: sqlite3.Connection) -> dict[str, Any] | None:
+            if base is not None:
                 db.execute("INSERT OR IGNORE INTO items (pk, doc) VALUES (:pk, :base)", {"pk": pk, "base": base})
-            row = db.execute(f"UPDATE items SET doc = {expression} WHERE pk = :pk{where} RETURNING doc",
-                             {"pk": pk, **named, **values}).fetchone()
-            return self._after(pk, what, row)
+            return self._after(pk, what, db.execute(sql, {"pk": pk, **named, **values}).fetchone())
+
+        return self._write(write)
 
     def _put(self, pk: str, attributes: dict[str, Any], condition: str, *, what: str,
              **values: Any) -> tuple[bool, dict[str, Any]]:
@@ -305,15 +305,16 @@ class SqliteStateStore:
         item = {name: value for name, value in attributes.items() if value is not None}
         text = dumps(item)
         self._check_size(pk, what, item, text)
-        with self._write() as db:
+        def write(db: sqlite3.Connection) -> tuple[bool, dict[str, Any]]:
             row = db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
-            old: dict[str, Any] = json.loads(row[0]) if row else {}
             if row is None:
                 db.execute("INSERT INTO items (pk, doc) VALUES (?, ?)", (pk, text))
-                return True, old
+                return True, {}
             count = db.execute(f"UPDATE items SET doc = :doc WHERE pk = :pk AND ({condition})",
                                {"pk": pk, "doc": text, **values}).rowcount
-            return count == 1, old
+            return count == 1, dict(json.loads(row[0]))
+
+        return self._write(write)
 
     # -- worker session ----------------------------------------------------------
     def load_session(self, protocol: str, instance: str) -> tuple[SessionState, int] | None:
@@ -354,10 +355,11 @@ class SqliteStateStore:
 
     def release_lock(self, name: str, owner: str) -> bool:
         pk = lock_key(name)
-        with self._write() as db:
-            # Only the holder frees it: a lock that expired and was taken by another stays theirs.
-            return db.execute(f"DELETE FROM items WHERE pk = :pk AND {_attr('owner')} = :owner",
-                              {"pk": pk, "owner": owner}).rowcount == 1
+        # Only the holder frees it: a lock that expired and was taken by another stays theirs.
+        released: bool = self._write(lambda db: db.execute(
+            f"DELETE FROM items WHERE pk = :pk AND {_attr('owner')} = :owner",
+            {"pk": pk, "owner": owner}).rowcount == 1)
+        return released
 
     # -- delivery ledger: recording and dispatch -----------------------------------
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,

@@ -1,0 +1,186 @@
+"""GroupCommit: writes queued while one commits share the next transaction, and each
+still behaves as its own transaction to its caller (result, error, rollback, durability)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from serverless_worker.state import SqliteStateStore, StateStoreError
+from serverless_worker.state.group_commit import GroupCommit
+
+
+class _Connections:
+    """One connection per thread on one file, as the SQLite store has them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self.all: list[sqlite3.Connection] = []
+        self().execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+
+    def __call__(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._local.db = db
+            self.all.append(db)
+        return db
+
+    def committed(self) -> dict[str, int]:
+        """What another connection reads: only what was committed."""
+        with sqlite3.connect(self.path) as db:
+            return dict(db.execute("SELECT k, v FROM t").fetchall())
+
+
+@pytest.fixture
+def connections(tmp_path: Path) -> Iterator[_Connections]:
+    made = _Connections(tmp_path / "g.db")
+    yield made
+    for db in made.all:
+        db.close()
+
+
+def _insert(key: str, value: int):  # type: ignore[no-untyped-def]
+    return lambda db: db.execute("INSERT INTO t (k, v) VALUES (?, ?)", (key, value)).rowcount
+
+
+def _held_group(commits: GroupCommit, first: object) -> tuple[threading.Event, threading.Event]:
+    """Start a write that holds the turn until released, so later writes queue behind it."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(db: sqlite3.Connection) -> object:
+        inside.set()
+        release.wait(10)
+        return first
+
+    threading.Thread(target=commits.run, args=(hold,), daemon=True).start()
+    assert inside.wait(5)
+    return inside, release
+
+
+def _wait_queued(commits: GroupCommit, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while commits.queued < count:
+        assert time.monotonic() < deadline, f"only {commits.queued} of {count} writes queued"
+        time.sleep(0.001)
+
+
+def test_a_write_returns_its_result_once_committed(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+    assert commits.run(_insert("a", 1)) == 1
+    assert connections.committed() == {"a": 1}
+    assert commits.commits == 1
+
+
+def test_writes_queued_while_one_commits_are_committed_together(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+    _, release = _held_group(commits, "held")
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(commits.run, _insert(f"k{i}", i)) for i in range(6)]
+        _wait_queued(commits, 6)
+        release.set()
+        assert [f.result(5) for f in futures] == [1] * 6
+    assert commits.commits == 2  # the held write's group, then one for all six
+    assert connections.committed() == {f"k{i}": i for i in range(6)}
+
+
+def test_a_write_that_raises_is_rolled_back_alone_and_raises_in_its_own_thread(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+
+    def half_then_fail(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO t (k, v) VALUES ('half', 0)")
+        raise ValueError("too large")
+
+    _, release = _held_group(commits, None)
+    with ThreadPoolExecutor(3) as pool:
+        before = pool.submit(commits.run, _insert("before", 1))
+        failing = pool.submit(commits.run, half_then_fail)
+        after = pool.submit(commits.run, _insert("after", 2))
+        _wait_queued(commits, 3)
+        release.set()
+        assert before.result(5) == 1 and after.result(5) == 1
+        with pytest.raises(ValueError, match="too large"):
+            failing.result(5)
+    assert commits.commits == 2
+    assert connections.committed() == {"before": 1, "after": 2}
+
+
+def test_each_write_sees_the_writes_before_it_in_its_group(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+    _, release = _held_group(commits, None)
+
+    def bump(db: sqlite3.Connection) -> int:
+        db.execute("INSERT INTO t (k, v) VALUES ('n', 1) ON CONFLICT (k) DO UPDATE SET v = v + 1")
+        return int(db.execute("SELECT v FROM t WHERE k = 'n'").fetchone()[0])
+
+    with ThreadPoolExecutor(5) as pool:
+        futures = [pool.submit(commits.run, bump) for _ in range(5)]
+        _wait_queued(commits, 5)
+        release.set()
+        assert sorted(f.result(5) for f in futures) == [1, 2, 3, 4, 5]
+    assert connections.committed() == {"n": 5}
+
+
+def test_a_failed_commit_fails_every_write_in_the_group(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+    # A deferred foreign key is checked at COMMIT: the group's commit fails, so none of it lands.
+    connections().execute("CREATE TABLE child (k TEXT REFERENCES t (k) DEFERRABLE INITIALLY DEFERRED)")
+
+    def orphan(db: sqlite3.Connection) -> int:
+        return db.execute("INSERT INTO child (k) VALUES ('nobody')").rowcount
+
+    _, release = _held_group(commits, None)
+    with ThreadPoolExecutor(2) as pool:
+        good = pool.submit(commits.run, _insert("good", 1))
+        bad = pool.submit(commits.run, orphan)
+        _wait_queued(commits, 2)
+        release.set()
+        for future in (good, bad):
+            with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+                future.result(5)
+    assert connections.committed() == {}
+    assert commits.run(_insert("later", 3)) == 1  # the next group starts clean
+    assert connections.committed() == {"later": 3}
+
+
+def test_a_write_that_writes_again_fails_loudly_instead_of_deadlocking(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+
+    def nested(db: sqlite3.Connection) -> None:
+        _insert("outer", 1)(db)
+        commits.run(_insert("inner", 2))
+
+    with pytest.raises(RuntimeError, match="cannot write again inside itself"):
+        commits.run(nested)
+    assert connections.committed() == {}  # the outer write was rolled back with it
+    assert commits.run(_insert("after", 3)) == 1
+    assert connections.committed() == {"after": 3}
+
+
+def test_the_store_groups_writes_from_many_threads_and_keeps_every_one(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "s.db")
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i: store.add_counters("p", "i", jobs=1), range(400)))
+        assert store.read_counters("p", "i")["jobs"] == 400
+    finally:
+        store.close()
+
+
+def test_the_store_reports_a_failed_write_as_its_own_error(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "s.db")
+    try:
+        store._connection().execute("DROP TABLE items")
+        with pytest.raises(StateStoreError, match="write failed: no such table"):
+            store.add_counters("p", "i", jobs=1)
+    finally:
+        store.close()
