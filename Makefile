@@ -67,6 +67,7 @@ venv: $(VENV_STAMP) ## create or refresh .venv (the package, editable, with the 
 
 $(VENV_STAMP):
 	$(call fresh_venv,$(VENV))
+	@echo "installing serverless-worker and its development tools into $(VENV) (once; about a minute)"
 	$(VENV)/bin/python -m pip install -qq -e ".[dev]"
 	@touch "$@"
 
@@ -105,8 +106,9 @@ test-deployed: venv sam-venv ## sam deploy the stack into LocalStack and run eve
 	if [ -f $(DEPLOYED_SUMMARY) ]; then cat $(DEPLOYED_SUMMARY); else echo "deployed tier: FAILED before any stack was deployed"; fi; \
 	exit $$status
 
-# The main command: the demo, locally, on embedded defaults (built-in sandbox, embedded
-# DynamoDB and Step Functions), ending with a summary once idle.
+# The main command: the demo, locally, on embedded defaults (built-in sandboxes, a
+# temporary SQLite state file, moto's Step Functions for the long-running examples),
+# ending with a summary once idle.
 run: venv ## run the demo worker locally against the built-in sandboxes
 	$(VENV)/bin/serverless-worker local $(RUN_ARGS)
 
