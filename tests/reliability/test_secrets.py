@@ -27,6 +27,7 @@ from serverless_worker.errors import ConfigurationError
 from serverless_worker.protocols._http import HttpTransport
 from serverless_worker.protocols.factory import create_client
 from serverless_worker.settings import Settings
+from support.clock import SandboxClock
 from support.waiting import poll
 
 pytestmark = pytest.mark.aws
@@ -141,16 +142,16 @@ def _all_finished(env: Env) -> bool:
 def test_pipelogiq_secrets_stay_secret(worker_env: Callable[..., Env], secret_key: Callable[[str], Any],
                                        monkeypatch: pytest.MonkeyPatch, evidence: _Evidence,
                                        caplog: pytest.LogCaptureFixture,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                       capsys: pytest.CaptureFixture[str], sandbox_clock: SandboxClock) -> None:
     from serverless_worker.sandbox import pipelogiq as sandbox_module
 
     tokens = _Tokens()
     monkeypatch.setattr(sandbox_module, "secrets", tokens)
     old, new = _key("old-api-key"), _key("new-api-key")
     env = worker_env("pipelogiq", handlers=["rel-echo", "rel-strict", "rel-slow-report"],
-                     handler_module=HANDLERS, sandbox={"api_keys": {old: 12}, "heartbeat_interval": 1},
-                     settings={"log_level": "DEBUG", "session_ttl_seconds": 6,
-                               "session_refresh_margin_seconds": 2})
+                     handler_module=HANDLERS,
+                     sandbox={"api_keys": {old: 12}, "heartbeat_interval": 1, "session_ttl_seconds": 600},
+                     settings={"log_level": "DEBUG"})
     key = secret_key(old)
     sandbox = env.server.sandbox
     ticks = []
@@ -163,12 +164,13 @@ def test_pipelogiq_secrets_stay_secret(worker_env: Callable[..., Env], secret_ke
     env.stack.wait_for_executions(60)
     assert key.reads == 1, "the key is read once and then served from Powertools' cache"
 
-    # 2. The key is rotated and the old one revoked while the session runs out: the next
-    #    tick's bootstrap is rejected, the key is re-read once, and the worker goes on.
+    # 2. The key is rotated and the old one revoked, and then the session runs out on the
+    #    server (its clock moves past the session's lifetime): the next tick's bootstrap,
+    #    with the cached key, is rejected, the key is re-read once, and the worker goes on.
     key.rotate(new)
     env.admin.configure(api_keys={new: 12})
     bootstraps = sandbox.workers["worker-1"].bootstraps
-    time.sleep(4.5)  # past session_ttl - margin: the tick must bootstrap again
+    sandbox_clock.advance(601)
     env.seed("rel-echo", [{"n": 4}, {"n": 5}])
     _run_until(env, lambda: _all_finished(env), ticks)
     assert key.reads == 2, "a rejected key is re-read exactly once"
