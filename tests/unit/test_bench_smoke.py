@@ -247,3 +247,14 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([float(n) for n in range(1, 101)], 95) == 95.0
+
+
+def test_state_file_writes_counts_four_writes_a_job_and_their_commits() -> None:
+    from benchmarks.state_file_writes import measure
+
+    alone = measure(40, 1)
+    assert alone["writes_per_commit"] == pytest.approx(1.0)  # one thread: nothing to group with
+    turns = measure(40, 4, one_at_a_time=True)
+    assert turns["writes_per_commit"] == pytest.approx(1.0)  # one job at a time: nothing either
+    shared = measure(200, 8)
+    assert shared["writes_per_commit"] >= 1.0 and shared["cpu_ms_per_job"] > 0

@@ -214,6 +214,11 @@ class SqliteStateStore:
             self._connections.clear()
         self._local = threading.local()
 
+    @property
+    def commits(self) -> int:
+        """Write transactions committed (fewer than ``ops["write"]`` when writes were grouped)."""
+        return self._writes.commits
+
     def _count(self, kind: str) -> None:
         with self._ops_lock:
             self.ops[kind] += 1
