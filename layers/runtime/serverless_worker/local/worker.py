@@ -252,8 +252,15 @@ class LocalRunner:
         waiting for it put the first pull past 1.5 s. The first execution or task call
         waits for it; if it fails, the run stops with the cause (exit 2), and whatever a
         long-running handler pulled meanwhile is handed back (its dispatch failed)."""
+        # What moto imports and the runtime may import too, imported here, once: two threads
+        # importing one package at once can meet it half initialized (requests.utils did).
+        import boto3  # noqa: F401
+        import requests.utils  # noqa: F401
+
         from . import moto_adapter  # noqa: F401 - refuses an unsupported moto here, at once, in one line
-        from .aws import EmbeddedAws
+        from .aws import EmbeddedAws, loopback_skips_proxies
+
+        loopback_skips_proxies(cleanup)  # before the first pull builds its transport, not beside it
 
         def start() -> tuple[str, StepFunctionsClient]:
             aws = EmbeddedAws.start(pool_size=concurrency + 32)

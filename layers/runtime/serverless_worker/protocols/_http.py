@@ -353,12 +353,13 @@ def _environment_settings(base_url: str) -> tuple[str | None, str | None]:
 
     Proxies as ``requests`` reads them (``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY``
     with its CIDR ranges), through its own functions, imported only when a proxy variable
-    is set; ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` for the CA bundle. Every call
-    goes to one base URL, so the answer cannot change between calls. ``.netrc`` is never
-    read: its password would replace the credential headers the clients send.
+    is set (``NO_PROXY`` alone names no proxy); ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``
+    for the CA bundle. Every call goes to one base URL, so the answer cannot change
+    between calls. ``.netrc`` is never read: its password would replace the credential
+    headers the clients send.
     """
     proxy = None
-    if any(name.lower().endswith("_proxy") for name in os.environ):
+    if any(name.lower().endswith("_proxy") and name.lower() != "no_proxy" for name in os.environ):
         from requests.utils import get_environ_proxies, select_proxy
 
         proxy = select_proxy(base_url, get_environ_proxies(base_url))  # honours NO_PROXY
