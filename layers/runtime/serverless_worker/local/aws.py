@@ -46,19 +46,11 @@ _LOOPBACK = "127.0.0.1"
 _CREDENTIALS = {"aws_access_key_id": "local", "aws_secret_access_key": "local", "region_name": REGION}
 
 
-def loopback_skips_proxies(stack: ExitStack) -> None:
-    """Loopback must never go through a proxy: the interpreter calls Lambda on localhost.
-    Set before anything else starts (the local runner calls it before moto starts beside
-    its first pull), so every client built in this process sees the same environment."""
-    parts = [p for p in os.environ.get("NO_PROXY", "").split(",") if p]
-    no_proxy = ",".join(parts + [host for host in (_LOOPBACK, "localhost") if host not in parts])
-    stack.enter_context(mock.patch.dict(os.environ, {"NO_PROXY": no_proxy, "no_proxy": no_proxy}))
-
-
 def _environment(stack: ExitStack, port: int) -> None:
-    """The interpreter calls Lambda at localhost:$MOTO_PORT."""
-    loopback_skips_proxies(stack)
-    stack.enter_context(mock.patch.dict(os.environ, {"MOTO_PORT": str(port)}))
+    """The interpreter calls Lambda at localhost:$MOTO_PORT; loopback must never go through a proxy."""
+    no_proxy = ",".join(p for p in (os.environ.get("NO_PROXY", ""), _LOOPBACK, "localhost") if p)
+    stack.enter_context(mock.patch.dict(os.environ, {"MOTO_PORT": str(port), "NO_PROXY": no_proxy,
+                                                     "no_proxy": no_proxy}))
 
 
 class EmbeddedAws:

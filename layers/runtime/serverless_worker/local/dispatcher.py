@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..awsclients import StepFunctionsClient
@@ -35,14 +35,11 @@ class LocalDispatcher(Dispatcher):
     ``sfn_client`` (the embedded Step Functions), as :class:`AwsDispatcher` does in AWS.
 
     ``attach(entry)`` gives it the executor entry (``execute`` bound to the shared
-    Services), which is built after the dispatcher it contains. ``state_machine_starting``
-    instead of the ARN and client: the state machine still starting (moto, beside the first
-    tick), which the first execution or task call waits for.
+    Services), which is built after the dispatcher it contains.
     """
 
     def __init__(self, *, concurrency: int, executor_timeout: float, observer: RunObserver,
                  state_machine_arn: str | None = None, sfn_client: StepFunctionsClient | None = None,
-                 state_machine_starting: Future[tuple[str, StepFunctionsClient]] | None = None,
                  retries: int = 2, retry_delay: float = 1.0) -> None:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="executor")
         self._timeout = executor_timeout
@@ -53,8 +50,6 @@ class LocalDispatcher(Dispatcher):
         self._closed = threading.Event()
         self._executions = AwsDispatcher(executor_function=None, state_machine_arn=state_machine_arn,
                                          sfn_client=sfn_client) if state_machine_arn else None
-        self._starting = state_machine_starting
-        self._started_lock = threading.Lock()
         self.concurrency = concurrency
 
     def attach(self, entry: ExecutorEntry) -> None:
@@ -84,16 +79,6 @@ class LocalDispatcher(Dispatcher):
         return self._state_machine().heartbeat_task(task_token)
 
     def _state_machine(self) -> AwsDispatcher:
-        if self._executions is None and self._starting is not None:
-            try:
-                arn, sfn_client = self._starting.result()
-            except Exception as err:
-                raise DispatchError(f"the embedded Step Functions did not start "
-                                    f"({type(err).__name__}: {err})") from err
-            with self._started_lock:
-                if self._executions is None:
-                    self._executions = AwsDispatcher(executor_function=None, state_machine_arn=arn,
-                                                     sfn_client=sfn_client)
         if self._executions is None:
             raise DispatchError("no state machine: the local runner found no long-running handler")
         return self._executions

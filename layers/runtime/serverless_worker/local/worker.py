@@ -31,7 +31,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import FrameType
@@ -72,7 +71,6 @@ from .summary import RunSummary, ledger_records, render_summary, summarize
 from .template import function_timeout
 
 if TYPE_CHECKING:
-    from ..awsclients import StepFunctionsClient
     from .aws import EmbeddedAws
 
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"]
@@ -145,7 +143,6 @@ class LocalRunner:
         self._swept = 0               # settled items the state file's sweep deleted during the run
         self._started_at = time.time()
         self._recovered = RecoveryReport()
-        self._aws: EmbeddedAws | None = None  # moto, once started (only for long-running handlers)
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -161,10 +158,10 @@ class LocalRunner:
             sandbox = self._start_sandbox(cleanup) if self.own_sandbox else None
             if sandbox is None:
                 probe(self.settings)  # nothing listens there: one line, before anything starts
-            services, starting, scheduler, dispatcher = self._build(registry, names, cleanup)
+            services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
-            self._banner(sandbox, starting is not None, names, dispatcher.concurrency)
+            self._banner(sandbox, aws, names, dispatcher.concurrency)
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
             # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
             resume_pulling(services)
@@ -210,8 +207,7 @@ class LocalRunner:
         return sandbox
 
     def _build(self, registry: Any, names: list[str],
-               cleanup: ExitStack) -> tuple[Services, Future[tuple[str, StepFunctionsClient]] | None,
-                                            Scheduler, LocalDispatcher]:
+               cleanup: ExitStack) -> tuple[Services, EmbeddedAws | None, Scheduler, LocalDispatcher]:
         settings = self.settings
         concurrency = int(settings.executor_reserved_concurrency or 1)
         retention = self.ledger_retention_seconds
@@ -224,13 +220,21 @@ class LocalRunner:
         def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
             return run_step(shared[0], event, context)
 
-        # moto only for the long-running path: its Step Functions interpreter runs the real ASL.
-        starting = None
+        # moto only for the long-running path: its Step Functions interpreter runs the real
+        # ASL. Started before the first tick: the ASL parser's import is seconds of CPU,
+        # which would slow every job running beside it more than waiting does (measured:
+        # docs/local-development.md).
+        aws: EmbeddedAws | None = None
+        arn = None
         if any(registry.get(name).long_running for name in names):
-            starting = self._start_state_machine(steps, concurrency, cleanup)
+            from .aws import EmbeddedAws
+
+            aws = EmbeddedAws.start(pool_size=concurrency + 32)
+            cleanup.callback(aws.close)
+            arn = aws.install_state_machine({"StepsFunction": steps})
         dispatcher = LocalDispatcher(concurrency=concurrency, observer=self._observer,
                                      executor_timeout=function_timeout("ExecutorFunction"),
-                                     state_machine_starting=starting)
+                                     state_machine_arn=arn, sfn_client=aws.sfn if aws is not None else None)
         cleanup.callback(dispatcher.close, False)
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
         services = Services(settings=settings, store=self._state.store,
@@ -243,58 +247,9 @@ class LocalRunner:
                               wait_for_capacity=self._wait_for_capacity)
         cleanup.callback(scheduler.close)
         self._tick_timeout = function_timeout("SchedulerFunction")
-        return services, starting, scheduler, dispatcher
+        return services, aws, scheduler, dispatcher
 
-    def _start_state_machine(self, steps: Any, concurrency: int,
-                             cleanup: ExitStack) -> Future[tuple[str, StepFunctionsClient]]:
-        """moto's server and the template's state machine, started on a thread of their own
-        while the first tick pulls: the ASL parser's import is over a second of CPU, and
-        waiting for it put the first pull past 1.5 s. The first execution or task call
-        waits for it; if it fails, the run stops with the cause (exit 2), and whatever a
-        long-running handler pulled meanwhile is handed back (its dispatch failed)."""
-        # What moto imports and the runtime may import too, imported here, once: two threads
-        # importing one package at once can meet it half initialized (requests.utils did).
-        import boto3  # noqa: F401
-        import requests.utils  # noqa: F401
-
-        from . import moto_adapter  # noqa: F401 - refuses an unsupported moto here, at once, in one line
-        from .aws import EmbeddedAws, loopback_skips_proxies
-
-        loopback_skips_proxies(cleanup)  # before the first pull builds its transport, not beside it
-
-        def start() -> tuple[str, StepFunctionsClient]:
-            aws = EmbeddedAws.start(pool_size=concurrency + 32)
-            try:
-                arn = aws.install_state_machine({"StepsFunction": steps})
-            except BaseException:
-                aws.close()
-                raise
-            self._aws = aws
-            return arn, aws.sfn
-
-        def close() -> None:
-            try:
-                starting.result()
-            except Exception:  # it never started: nothing to close; its error was reported
-                return
-            if self._aws is not None:
-                self._aws.close()
-
-        def started(future: Future[tuple[str, StepFunctionsClient]]) -> None:
-            error = future.exception()
-            if error is not None:
-                log.error("the embedded Step Functions did not start: %s: %s", type(error).__name__, error)
-                self._request_stop(f"the embedded Step Functions did not start ({type(error).__name__}: {error})",
-                                   exit_status=EXIT_CONFIGURATION)
-
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-machine-start")
-        starting = pool.submit(start)
-        pool.shutdown(wait=False)
-        starting.add_done_callback(started)
-        cleanup.callback(close)
-        return starting
-
-    def _banner(self, sandbox: OwnSandbox | None, state_machine: bool, names: list[str],
+    def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws | None, names: list[str],
                 concurrency: int) -> None:
         settings = self.settings
         if sandbox is not None:
@@ -303,8 +258,8 @@ class LocalRunner:
         else:
             transport = f", {settings.transport} transport" if settings.transport != "http" else ""
             where = f"{settings.protocol} server at {settings.base_url}{transport}"
-        machine = ("the real state machine in embedded Step Functions (moto, starting beside the first pull)"
-                   if state_machine else "no long-running handler, no state machine")
+        machine = (f"the real state machine in embedded Step Functions (moto at {aws.endpoint})"
+                   if aws is not None else "no long-running handler, no state machine")
         state = "a temporary file" if self._state.temporary else str(self._state.path)
         stop = (f"drains when idle for {settings.until_idle_seconds:g} s or on Ctrl-C"
                 if settings.until_idle_seconds else "runs until Ctrl-C, which drains")
