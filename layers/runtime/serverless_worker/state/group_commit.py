@@ -2,10 +2,12 @@
 
 Dozens of executor threads each write a few small transactions per job. Taken one at a
 time, they hand SQLite's write lock, and with it the GIL, from thread to thread at every
-transaction: measured on the ledger's four writes per job, that hand-off costs more CPU
-than the writes (0.6 ms a job among 8 threads, 0.23 ms in one). Here the thread whose turn
+transaction: the ledger's four writes cost 0.56 ms of CPU a job among 8 threads against
+0.26 ms in one (``python -m benchmarks.state_file_writes``). Here the thread whose turn
 it is runs every write queued by then, each in a savepoint of one transaction, and
-commits once; the others wait for that commit and return with their own result.
+commits once; the others wait for that commit and return with their own result. In the
+whole local worker that took the throughput from 0.43 to 0.52 of a minimal worker's on
+Priostack (docs/local-development.md).
 
 Nothing a caller sees changes: a write returns only once it is committed, each write sees
 every earlier one, a write that raises is rolled back alone (its savepoint) and raises in

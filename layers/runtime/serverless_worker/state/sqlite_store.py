@@ -13,8 +13,8 @@ the store opens and then at most every ``sweep_interval`` seconds, on a write.
 Threads: one connection per thread (WAL lets readers run beside the one writer); writes
 queued while one commits are committed together in one ``BEGIN IMMEDIATE`` transaction,
 each in its own savepoint (``group_commit.py``), and another process's writer waits on
-SQLite's lock (``busy_timeout``) instead of failing. Sizes are held to DynamoDB's 400 KB item limit,
-measured as DynamoDB measures, so a job behaves the same on both backends.
+SQLite's lock (``busy_timeout``) instead of failing. Sizes are held to DynamoDB's 400 KB
+item limit, measured as DynamoDB measures, so a job behaves the same on both backends.
 
 Example::
 
@@ -310,6 +310,7 @@ class SqliteStateStore:
         item = {name: value for name, value in attributes.items() if value is not None}
         text = dumps(item)
         self._check_size(pk, what, item, text)
+
         def write(db: sqlite3.Connection) -> tuple[bool, dict[str, Any]]:
             row = db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
             if row is None:
