@@ -76,3 +76,31 @@ def test_only_the_adapter_reaches_into_moto_internals() -> None:
             if private:
                 offenders[str(path.relative_to(ROOT))] = sorted(private)
     assert offenders == {}
+
+
+_DEFERRED_BATCH = """
+import sys
+from contextlib import ExitStack
+from serverless_worker.local import moto_adapter
+
+with ExitStack() as stack:
+    moto_adapter.patch_definite_jsonpaths(stack)  # loads the ASL interpreter, its Batch task too
+    loaded_early = sorted(m for m in sys.modules if m.startswith(("moto.ec2", "moto.batch.models")))
+    from moto.batch import batch_backends  # the backend lookup: the package's __init__ runs now
+    from moto.batch.utils import JobStatus
+    import moto.batch
+    print(loaded_early, type(batch_backends).__name__, "moto.batch.models" in sys.modules,
+          moto.batch.utils.JobStatus is JobStatus)
+"""
+
+
+def test_the_asl_interpreter_loads_without_moto_s_batch_and_ec2_models_until_used() -> None:
+    """Importing the interpreter used to load moto's EC2 models (most of a long-running
+    start); they load once something reads the Batch package, and Batch still works then."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _DEFERRED_BATCH], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]", "BackendDict", "True", "True"]

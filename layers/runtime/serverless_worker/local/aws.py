@@ -56,7 +56,8 @@ def _environment(stack: ExitStack, port: int) -> None:
 class EmbeddedAws:
     """moto's server in a thread, with the stack's table and (on request) state machine."""
 
-    def __init__(self, *, server: Any, stack: ExitStack, template: Path, pool_size: int) -> None:
+    def __init__(self, *, server: Any, stack: ExitStack, template: Path, pool_size: int,
+                 state_table: bool = True) -> None:
         import boto3
         from botocore.config import Config
 
@@ -68,8 +69,10 @@ class EmbeddedAws:
         session = boto3.session.Session(**_CREDENTIALS)  # one session: creating clients is not thread-safe
         config = Config(max_pool_connections=pool_size, connect_timeout=3, read_timeout=30,
                         retries={"mode": "standard", "max_attempts": 3})
-        self.dynamodb = session.client("dynamodb", endpoint_url=self.endpoint, config=config)
-        moto_adapter.call_in_process(self.dynamodb, REGION)
+        self.dynamodb: Any = None
+        if state_table:
+            self.dynamodb = session.client("dynamodb", endpoint_url=self.endpoint, config=config)
+            moto_adapter.call_in_process(self.dynamodb, REGION)
         self.sfn = session.client("stepfunctions", endpoint_url=self.endpoint, config=config)
         self._lambda = session.client("lambda", endpoint_url=self.endpoint, config=config)
         self._iam = session.client("iam", endpoint_url=self.endpoint, config=config)
@@ -78,8 +81,10 @@ class EmbeddedAws:
         self.state_machine_arn: str | None = None
 
     @classmethod
-    def start(cls, *, pool_size: int = 32, template: Path | None = None) -> EmbeddedAws:
-        """Serve moto on a free loopback port and create the state table."""
+    def start(cls, *, pool_size: int = 32, template: Path | None = None, state_table: bool = True) -> EmbeddedAws:
+        """Serve moto on a free loopback port and create the state table, unless ``state_table``
+        is false: the local runner keeps its ledger in SQLite and needs moto only for Step
+        Functions (leaving the table and its client out saves a quarter of a second of start)."""
         from moto.server import ThreadedMotoServer
 
         path = template_path(template)
@@ -92,12 +97,14 @@ class EmbeddedAws:
             stack.callback(server.stop)
             _environment(stack, server.get_host_and_port()[1])
             moto_adapter.lambda_in_process_and_real_asl(stack)
-            moto_adapter.tune_dynamodb(stack)
-            moto_adapter.serialize_dynamodb(stack)
-            aws = cls(server=server, stack=stack, template=path, pool_size=pool_size)
+            if state_table:
+                moto_adapter.tune_dynamodb(stack)
+                moto_adapter.serialize_dynamodb(stack)
+            aws = cls(server=server, stack=stack, template=path, pool_size=pool_size, state_table=state_table)
             moto_adapter.route_lambda_invoke(stack, aws.lambdas.backend_invoke)
-            name = f"serverless-worker-local-{uuid.uuid4().hex[:8]}"
-            aws.table_name = create_state_table(aws.dynamodb, name, template=path).name
+            if state_table:
+                name = f"serverless-worker-local-{uuid.uuid4().hex[:8]}"
+                aws.table_name = create_state_table(aws.dynamodb, name, template=path).name
             return aws
         except BaseException:
             stack.close()

@@ -113,8 +113,49 @@ def record_retry_sleeps(stack: ExitStack, sleep: Callable[[float], None]) -> Non
     stack.enter_context(mock.patch.object(retrier_decl, "time", SimpleNamespace(sleep=sleep)))
 
 
+def defer_batch_backend() -> None:
+    """Load ``moto.batch`` without running its package ``__init__`` until something uses it.
+
+    The ASL interpreter imports its AWS Batch task, which needs ``moto.batch.utils.JobStatus``
+    only; importing that runs ``moto/batch/__init__.py``, which loads moto's Batch and EC2
+    models: 0.3-0.9 s of CPU, most of the local runner's start with a long-running handler
+    (``python -m benchmarks.first_pull --path long``). The package is put in place
+    unexecuted, so ``moto.batch.utils`` loads alone; the first attribute anything reads
+    from the package itself (moto's backend lookup reads ``batch_backends``) runs its
+    ``__init__`` then, in place, so a state machine that does use Batch still works.
+    """
+    if "moto.batch" in sys.modules:
+        return
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("moto.batch")
+    if spec is None or spec.loader is None:  # not this moto's layout: load it as it comes
+        return
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+    loading = threading.Lock()
+
+    def load_package(name: str) -> Any:
+        with loading:
+            if "__getattr__" in package.__dict__:
+                del package.__dict__["__getattr__"]
+                loader.exec_module(package)
+        try:
+            return package.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module 'moto.batch' has no attribute {name!r}") from None
+
+    package.__dict__["__getattr__"] = load_package
+    sys.modules["moto.batch"] = package
+    import moto
+
+    moto.batch = package  # type: ignore[attr-defined]  # as an import of the package would set it
+
+
 def patch_definite_jsonpaths(stack: ExitStack) -> None:
     """moto 5.2.5 returns ``[v]`` for ``$.a[0].b`` (AWS returns ``v``): evaluate definite paths plainly."""
+    defer_batch_backend()
     import moto.stepfunctions.parser.asl.parse.preprocessor  # noqa: F401  (loads every component)
     from moto.stepfunctions.parser.asl.utils import json_path
 

@@ -229,7 +229,7 @@ class LocalRunner:
         if any(registry.get(name).long_running for name in names):
             from .aws import EmbeddedAws
 
-            aws = EmbeddedAws.start(pool_size=concurrency + 32)
+            aws = EmbeddedAws.start(pool_size=concurrency + 32, state_table=False)
             cleanup.callback(aws.close)
             arn = aws.install_state_machine({"StepsFunction": steps})
         dispatcher = LocalDispatcher(concurrency=concurrency, observer=self._observer,
