@@ -184,3 +184,44 @@ def test_the_store_reports_a_failed_write_as_its_own_error(tmp_path: Path) -> No
             store.add_counters("p", "i", jobs=1)
     finally:
         store.close()
+
+
+def test_a_thread_interrupted_while_it_waits_never_strands_the_writes_after_it(
+        connections: _Connections, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oldest queued write's thread is handed the next group; were it interrupted
+    (Ctrl-C) while waiting, and the group left with it, every later write would wait for
+    ever. It commits that group before it leaves; a write still queued goes unwritten."""
+    commits = GroupCommit(connections)
+    interrupted = threading.Event()
+    wait = GroupCommit._wait
+
+    def interruptible(pending: object) -> None:
+        if threading.current_thread().name == "interrupted":
+            wait(pending)  # handed the next group (the first queued after the held one)...
+            interrupted.set()
+            raise KeyboardInterrupt  # ...and interrupted before leading it
+        wait(pending)
+
+    monkeypatch.setattr(GroupCommit, "_wait", staticmethod(interruptible))
+    _, release = _held_group(commits, None)
+    raised: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            commits.run(_insert("first", 1))
+        except KeyboardInterrupt as err:
+            raised.append(err)
+
+    thread = threading.Thread(target=first, name="interrupted", daemon=True)
+    thread.start()
+    _wait_queued(commits, 1)
+    results: list[object] = []
+    later = threading.Thread(target=lambda: results.append(commits.run(_insert("later", 2))), daemon=True)
+    later.start()
+    _wait_queued(commits, 2)
+    release.set()
+    later.join(5)
+    assert results == [1], "the write queued after the interrupted thread's was stranded"
+    thread.join(5)
+    assert interrupted.is_set() and raised
+    assert connections.committed() == {"first": 1, "later": 2}

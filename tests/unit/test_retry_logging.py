@@ -5,6 +5,7 @@ never with a credential from the URL."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -50,3 +51,52 @@ def test_an_error_that_is_not_retried_logs_nothing(caplog: pytest.LogCaptureFixt
 ])
 def test_display_url_drops_user_info_and_query(url: str, shown: str) -> None:
     assert display_url(url) == shown
+
+
+def test_a_call_that_succeeds_at_once_never_enters_stamina(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stamina
+
+    def refuse(**_: object) -> None:
+        raise AssertionError("stamina entered for a call that needed no retry")
+
+    monkeypatch.setattr(stamina, "retry_context", refuse)
+    assert retry_call(lambda number: number, RetryPolicy(attempts=6)) == 1
+
+
+@pytest.fixture
+def real_backoff() -> Iterator[None]:
+    """stamina as in production (the suite's testing mode fixes every policy at 6 attempts)."""
+    import stamina
+
+    stamina.set_testing(False)
+    yield
+    stamina.set_testing(True, attempts=6)
+
+
+@pytest.mark.usefixtures("real_backoff")
+def test_a_call_that_keeps_failing_gets_exactly_the_policy_s_attempts() -> None:
+    attempts: list[int] = []
+
+    def call(number: int) -> str:
+        attempts.append(number)
+        raise ServerUnavailableError(f"down {number}", endpoint="result")
+
+    with pytest.raises(ServerUnavailableError, match="down 3"):
+        retry_call(call, RetryPolicy(attempts=3, wait_initial=0.001, wait_max=0.001, wait_jitter=0.0))
+    assert attempts == [1, 2, 3]
+
+
+@pytest.mark.usefixtures("real_backoff")
+def test_a_first_attempt_that_used_the_whole_time_budget_is_not_retried() -> None:
+    import time
+
+    attempts: list[int] = []
+
+    def call(number: int) -> str:
+        attempts.append(number)
+        time.sleep(0.05)  # longer than the policy's whole budget
+        raise ServerUnavailableError("slow and down", endpoint="result")
+
+    with pytest.raises(ServerUnavailableError):
+        retry_call(call, RetryPolicy(attempts=6, timeout=0.01, wait_initial=0.001, wait_jitter=0.0))
+    assert attempts == [1]

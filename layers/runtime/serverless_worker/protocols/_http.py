@@ -121,29 +121,41 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "
     The first retry is logged once, saying what is retried, where and why, and the
     policy's bounds; stamina's own per-attempt warning is switched off (a refused
     connection used to print a line every backoff step for half a minute).
+
+    The first attempt runs before stamina is entered: most calls succeed at once, and
+    stamina's retry context (a tenacity ``Retrying`` built per call) cost a tenth of a
+    report's CPU. Once it failed retryably, stamina takes over with the policy's whole
+    attempt count and what is left of its time, and is handed that failure as its own
+    first attempt, so its backoff, jitter and ``Retry-After`` apply as before.
     """
+    started = time.monotonic()
+    try:
+        return fn(1)
+    except Exception as err:
+        if policy.attempts <= 1 or _retry_hook(err) is False:
+            raise
+        first: Exception | None = err
+        log.warning("retrying %s%s (up to %d attempts within %g s): %s",
+                    getattr(err, "endpoint", None) or "a call", f" at {where}" if where else "",
+                    policy.attempts, policy.timeout, err)
     import stamina  # here, not at import: stamina and tenacity (asyncio) stay out of a cold start
 
     _quiet_stamina(stamina)
-    number = 0
+    number = 1
     for attempt in stamina.retry_context(
         on=_retry_hook,
         attempts=policy.attempts,
-        timeout=policy.timeout,
+        timeout=max(0.0, policy.timeout - (time.monotonic() - started)),
         wait_initial=policy.wait_initial,
         wait_max=policy.wait_max,
         wait_jitter=policy.wait_jitter,
     ):
         with attempt:
+            if first is not None:  # the attempt made above, as stamina's first
+                failed, first = first, None
+                raise failed
             number += 1
-            try:
-                return fn(number)
-            except Exception as err:
-                if number == 1 and policy.attempts > 1 and _retry_hook(err) is not False:
-                    log.warning("retrying %s%s (up to %d attempts within %g s): %s",
-                                getattr(err, "endpoint", None) or "a call", f" at {where}" if where else "",
-                                policy.attempts, policy.timeout, err)
-                raise
+            return fn(number)
     raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
 
