@@ -44,6 +44,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                         help="the throughput runtime's DynamoDB: moto's server in a process of its own "
                              "(default), or moto embedded in this process, as the local runner has it; "
                              "its CPU per job is measured apart either way")
+    parser.add_argument("--local-rounds", type=int, default=3,
+                        help="pairs (minimal worker, then local worker) per protocol for (a'); the median ratio "
+                             "is reported (default 3; quick 1)")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="leave these measurements out")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "bench.json")
     return parser.parse_args(argv)
@@ -149,9 +152,11 @@ def _measure_with_aws(args: argparse.Namespace, results: dict[str, Any], default
             if "local" not in skip:
                 from .local_throughput import measure_local_throughput
 
-                _say(f"{protocol}: local worker (SQLite state), {jobs} jobs, minimal worker then local")
+                _say(f"{protocol}: local worker (SQLite state), {jobs} jobs, minimal worker then local, "
+                     f"{1 if quick else args.local_rounds} rounds")
                 local = measure_local_throughput(protocol, jobs=jobs, timeout=120.0 if quick else 420.0,
-                                                 poll_window=defaults["poll_window_seconds"], **shape)
+                                                 poll_window=defaults["poll_window_seconds"],
+                                                 rounds=1 if quick else args.local_rounds, **shape)
                 results["local"][protocol] = local
                 results["errors"] += local["errors"]
                 _say(f"{protocol}: local {local['local_jobs_per_s'] or 0:.1f} jobs/s, "

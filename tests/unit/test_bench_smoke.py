@@ -231,8 +231,12 @@ def test_report_renders_and_judges_targets() -> None:
                "write_units": {"priostack": {"ledger_writes_per_job": 4.0, "ledger_table_units_per_job": 5.0,
                                              "ledger_index_units_per_job": 2.0, "ledger_units_per_job": 7.0,
                                              "other_units_per_job": 0.0, "usd_per_million_jobs": 4.375,
-                                             "usd_per_million_units": 0.625, "ledger_item_bytes": 1100}}}
+                                             "usd_per_million_units": 0.625, "ledger_item_bytes": 1100}},
+               "local": {"priostack": {"local_jobs_per_s": 600.0, "minimal_jobs_per_s": 1000.0, "ratio": 0.6,
+                                       "ratios": [0.55, 0.6, 0.9], "state_ops_per_job": {"write": 4.0},
+                                       "cpu_ms_per_job": {"local": 1.4, "minimal": 0.8}}}}
     marks = report.verdicts(results)
+    assert marks["a_local_ratio"] == ">= 0.85: NOT met"  # the median, though one round met it
     assert marks["a_ratio"].endswith(": met") and marks["e_p50"].endswith(": met")
     assert marks["b_above_minimum"].endswith(": met")  # 3 calls in the run: within the slack
     assert marks["c_writes"].endswith("NOT met") and marks["g_rate"].endswith("NOT met")
@@ -241,6 +245,7 @@ def test_report_renders_and_judges_targets() -> None:
     text = report.render(results)
     assert "(a) throughput" in text and "(g) scheduler dispatch rate" in text and "(d) cold start" not in text
     assert "(h) DynamoDB write units per job" in text and "4.38" in text
+    assert "0.55 0.60 0.90" in text and "target >= 0.85: NOT met" in text
 
 
 def test_percentile_is_nearest_rank() -> None:
