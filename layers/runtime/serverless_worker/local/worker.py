@@ -221,9 +221,8 @@ class LocalRunner:
             return run_step(shared[0], event, context)
 
         # moto only for the long-running path: its Step Functions interpreter runs the real
-        # ASL. Started before the first tick: the ASL parser's import is seconds of CPU,
-        # which would slow every job running beside it more than waiting does (measured:
-        # docs/local-development.md).
+        # ASL. Started before the first tick (0.6 s): started beside it, its imports slowed
+        # every job running beside them more than waiting does (docs/local-development.md).
         aws: EmbeddedAws | None = None
         arn = None
         if any(registry.get(name).long_running for name in names):
