@@ -113,8 +113,7 @@ class GroupCommit:
         with self._lock:
             group, self._queue = self._queue, []
             self._successor = None
-        me = threading.get_ident()
-        self._committer = me
+        self._committer = threading.get_ident()
         try:
             self._commit(group)
         except BaseException as err:  # not SQLite's (those are the writes' errors): fail the group
