@@ -118,7 +118,7 @@ def defer_batch_backend() -> None:
 
     The ASL interpreter imports its AWS Batch task, which needs ``moto.batch.utils.JobStatus``
     only; importing that runs ``moto/batch/__init__.py``, which loads moto's Batch and EC2
-    models: 0.3-0.9 s of CPU, most of the local runner's start with a long-running handler
+    models: 0.67 s of the local runner's 1.7 s start with a long-running handler
     (``python -m benchmarks.first_pull --path long``). The package is put in place
     unexecuted, so ``moto.batch.utils`` loads alone; the first attribute anything reads
     from the package itself (moto's backend lookup reads ``batch_backends``) runs its
