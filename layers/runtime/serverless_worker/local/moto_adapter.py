@@ -9,7 +9,8 @@ importing this module checks moto's version first and refuses an untested one wi
 line that says what is installed and what is supported, rather than failing later with an
 ``AttributeError`` deep inside a run.
 
-Every patch lives as long as the ``ExitStack`` it is given and is process-wide meanwhile.
+Every patch lives as long as the ``ExitStack`` it is given and is process-wide meanwhile
+(``defer_batch_backend``, which only delays an import, stays).
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ def defer_batch_backend() -> None:
     unexecuted, so ``moto.batch.utils`` loads alone; the first attribute anything reads
     from the package itself (moto's backend lookup reads ``batch_backends``) runs its
     ``__init__`` then, in place, so a state machine that does use Batch still works.
+
+    Unlike the patches below it takes no ``ExitStack`` and is not undone: it changes when
+    moto's own code runs, not what it does, and the package is the real one once loaded.
     """
     if "moto.batch" in sys.modules:
         return
