@@ -116,16 +116,36 @@ _UNREPORTED = _status_in(_UNREPORTED_STATUSES)
 
 
 class _Patch:
-    """An UpdateExpression as one SQL expression over ``doc``: SET, ADD, if_not_exists, REMOVE."""
+    """An UpdateExpression as one SQL expression over ``doc``: SET, ADD, if_not_exists, REMOVE.
+
+    Consecutive sets share one ``json_set`` call and consecutive removes one
+    ``json_remove``: SQLite parses the document once per call, and a nested call per
+    attribute made an update parse it five times. The order of the calls is kept, so
+    ``remove(x).set(x=...)`` still sets ``x``.
+    """
 
     def __init__(self) -> None:
-        self.expression = "doc"
+        self._layers: list[tuple[str, list[str]]] = []  # (SQL function, its arguments after the document)
         self.params: list[Any] = []
         self.written: dict[str, Any] = {}
 
+    @property
+    def expression(self) -> str:
+        expression = "doc"
+        for function, arguments in self._layers:
+            expression = f"{function}({expression}, {', '.join(arguments)})"
+        return expression
+
+    def _layer(self, function: str, *arguments: str) -> None:
+        if self._layers and self._layers[-1][0] == function:
+            self._layers[-1][1].extend(arguments)
+        else:
+            self._layers.append((function, list(arguments)))
+
     def remove(self, *names: str) -> _Patch:
-        self.expression = f"json_remove({self.expression}, {', '.join('?' for _ in names)})"
-        self.params += [f"$.{n}" for n in names]
+        for name in names:
+            self._layer("json_remove", "?")
+            self.params.append(f"$.{name}")
         return self
 
     def set(self, **values: Any) -> _Patch:
@@ -133,22 +153,21 @@ class _Patch:
             if value is None:
                 continue
             # Booleans as JSON booleans, as DynamoDB's BOOL (sqlite3 would bind them as 0/1).
-            placeholder = "json(?)" if isinstance(value, bool) else "?"
-            self.expression = f"json_set({self.expression}, ?, {placeholder})"
+            self._layer("json_set", "?", "json(?)" if isinstance(value, bool) else "?")
             self.params += [f"$.{name}", json.dumps(value) if isinstance(value, bool) else value]
             self.written[name] = value
         return self
 
     def add(self, **deltas: int) -> _Patch:
         for name, delta in deltas.items():
-            self.expression = f"json_set({self.expression}, ?, coalesce(json_extract(doc, ?), 0) + ?)"
+            self._layer("json_set", "?", "coalesce(json_extract(doc, ?), 0) + ?")
             self.params += [f"$.{name}", f"$.{name}", delta]
             self.written[name] = delta
         return self
 
     def set_if_missing(self, **values: Any) -> _Patch:
         for name, value in values.items():
-            self.expression = f"json_set({self.expression}, ?, coalesce(json_extract(doc, ?), ?))"
+            self._layer("json_set", "?", "coalesce(json_extract(doc, ?), ?)")
             self.params += [f"$.{name}", f"$.{name}", value]
             self.written[name] = value
         return self
@@ -279,11 +298,23 @@ class SqliteStateStore:
             raise ItemTooLargeError(pk, what, size, ITEM_MAX_BYTES)
         return doc
 
+    def _after_length(self, db: sqlite3.Connection, pk: str, what: str, row: Any) -> dict[str, Any] | None:
+        """Like :meth:`_after` for an update that returned only the document's length: the
+        document is read (and decoded) only when that length could put it past the limit."""
+        if row is None:
+            return None
+        if row[0] * _BOUND_PER_CHAR > ITEM_MAX_BYTES:
+            self._after(pk, what, db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone())
+        return {}
+
     def _update(self, pk: str, patch: _Patch, condition: str | None, *, what: str,
-                upsert: bool = False, **values: Any) -> dict[str, Any] | None:
+                upsert: bool = False, returning: bool = True, **values: Any) -> dict[str, Any] | None:
         """Apply ``patch`` where ``condition`` holds; the new document, or ``None`` when refused.
 
         ``upsert`` creates the item when absent (an update without a condition does, in DynamoDB).
+        Without ``returning`` an applied update gives ``{}``: most transitions need only to
+        know that they applied, and decoding the document they would return cost more than
+        the update.
         """
         self._maybe_sweep()
         attributes = {PK: pk, **patch.written}
@@ -293,13 +324,15 @@ class SqliteStateStore:
         named = {f"p{i}": p for i, p in enumerate(patch.params)}
         expression = _named_parameters(patch.expression, len(patch.params))
         where = f" AND ({condition})" if condition else ""
-        sql = f"UPDATE items SET doc = {expression} WHERE pk = :pk{where} RETURNING doc"
+        sql = f"UPDATE items SET doc = {expression} WHERE pk = :pk{where} RETURNING " + \
+            ("doc" if returning else "length(doc)")
         base = dumps({PK: pk, SK: sort_key_for(pk)}) if upsert else None
 
         def write(db: sqlite3.Connection) -> dict[str, Any] | None:
             if base is not None:
                 db.execute("INSERT OR IGNORE INTO items (pk, doc) VALUES (:pk, :base)", {"pk": pk, "base": base})
-            return self._after(pk, what, db.execute(sql, {"pk": pk, **named, **values}).fetchone())
+            row = db.execute(sql, {"pk": pk, **named, **values}).fetchone()
+            return self._after(pk, what, row) if returning else self._after_length(db, pk, what, row)
 
         return self._write(write)
 
@@ -312,10 +345,10 @@ class SqliteStateStore:
         self._check_size(pk, what, item, text)
 
         def write(db: sqlite3.Connection) -> tuple[bool, dict[str, Any]]:
+            if db.execute("INSERT INTO items (pk, doc) VALUES (?, ?) ON CONFLICT (pk) DO NOTHING",
+                          (pk, text)).rowcount == 1:
+                return True, {}  # the usual case, a new item: one statement
             row = db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
-            if row is None:
-                db.execute("INSERT INTO items (pk, doc) VALUES (?, ?)", (pk, text))
-                return True, {}
             count = db.execute(f"UPDATE items SET doc = :doc WHERE pk = :pk AND ({condition})",
                                {"pk": pk, "doc": text, **values}).rowcount
             return count == 1, dict(json.loads(row[0]))
@@ -392,7 +425,7 @@ class SqliteStateStore:
         if not written:
             # While in flight, note the redelivery (a "not found" report must then be sent again).
             if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),
-                            what="the ledger item") is not None or not again_after_hand_back:
+                            what="the ledger item", returning=False) is not None or not again_after_hand_back:
                 return None
             written, old = self._put(key, item, condition, what="the delivery", now=now,
                                      handback=HANDBACK_EPOCH_PREFIX)
@@ -431,7 +464,7 @@ class SqliteStateStore:
         patch = (_Patch().remove("cancel_reason", "handover_requested")
                  .set(epoch=new_epoch, deadline=deadline, updated_at=self._clock(), renewals=0).add(runs=1))
         # Compare-and-swap on the epoch: one successor wins.
-        return self._update(key, patch, _OWNED, what="the run", epoch=old_epoch) is not None
+        return self._update(key, patch, _OWNED, what="the run", epoch=old_epoch, returning=False) is not None
 
     def get(self, key: str) -> LedgerItem | None:
         parse_ledger_key(key)
@@ -444,7 +477,7 @@ class SqliteStateStore:
 
     def renew_deadline(self, key: str, epoch: str, deadline: float) -> int:
         doc = self._fenced(key, epoch, _Patch().set(deadline=deadline, updated_at=self._clock()).add(renewals=1),
-                           "the deadline")
+                           "the deadline", returning=True)
         return int(doc["renewals"])
 
     def save_callback_token(self, key: str, epoch: str, token: str) -> None:
@@ -599,12 +632,13 @@ class SqliteStateStore:
     # -- internals -------------------------------------------------------------------
     def _transition(self, key: str, patch: _Patch, condition: str, **values: Any) -> bool:
         parse_ledger_key(key)
-        return self._update(key, patch, condition, what="the ledger item", **values) is not None
+        return self._update(key, patch, condition, what="the ledger item", returning=False, **values) is not None
 
-    def _fenced(self, key: str, epoch: str, patch: _Patch, what: str) -> dict[str, Any]:
+    def _fenced(self, key: str, epoch: str, patch: _Patch, what: str, *, returning: bool = False) -> dict[str, Any]:
+        """``patch`` applied by the run holding ``epoch``; the new document with ``returning``."""
         parse_ledger_key(key)
         # Only the run holding the epoch may change its item; anyone else lost it (reaped, taken over).
-        doc = self._update(key, patch, _OWNED, what=what, epoch=epoch)
+        doc = self._update(key, patch, _OWNED, what=what, epoch=epoch, returning=returning)
         if doc is None:
             raise StaleWriteError(f"run {epoch!r} no longer owns this delivery; {what} was not saved", key=key)
         return doc
