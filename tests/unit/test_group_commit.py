@@ -225,3 +225,98 @@ def test_a_thread_interrupted_while_it_waits_never_strands_the_writes_after_it(
     thread.join(5)
     assert interrupted.is_set() and raised
     assert connections.committed() == {"first": 1, "later": 2}
+
+
+def test_a_write_submitted_without_waiting_is_carried_by_the_next_group(connections: _Connections) -> None:
+    """While another write commits, ``submit`` returns at once; the waiting write queued
+    after it is handed the lead (not the unwaited one, whose thread is gone) and commits
+    both."""
+    commits = GroupCommit(connections)
+    errors: list[BaseException] = []
+    _, release = _held_group(commits, None)
+    commits.submit(_insert("unwaited", 1), errors.append)  # returns while the held group commits
+    assert commits.queued == 1 and connections.committed() == {}
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(commits.run, _insert("waiting", 2))
+        _wait_queued(commits, 2)
+        release.set()
+        assert waiting.result(5) == 1
+    assert connections.committed() == {"unwaited": 1, "waiting": 2}
+    assert commits.commits == 2 and errors == []
+
+
+def test_with_only_unwaited_writes_queued_the_leader_commits_them_before_it_stops(
+        connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+    _, release = _held_group(commits, None)
+    for i in range(3):
+        commits.submit(_insert(f"u{i}", i), lambda err: None)
+    release.set()
+    deadline = time.monotonic() + 5
+    while connections.committed() != {"u0": 0, "u1": 1, "u2": 2}:
+        assert time.monotonic() < deadline, f"unwaited writes stranded: {connections.committed()}"
+        time.sleep(0.005)
+    assert commits.run(_insert("after", 9)) == 1  # nobody is left leading by mistake
+
+
+def test_an_unwaited_write_that_fails_is_told_and_rolled_back_alone(connections: _Connections) -> None:
+    commits = GroupCommit(connections)
+    errors: list[BaseException] = []
+    _, release = _held_group(commits, None)
+    commits.submit(_insert("dup", 1), errors.append)
+    commits.submit(_insert("dup", 2), errors.append)  # the primary key refuses it
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(commits.run, _insert("waiting", 3))
+        _wait_queued(commits, 3)
+        release.set()
+        assert waiting.result(5) == 1
+    assert connections.committed() == {"dup": 1, "waiting": 3}
+    assert len(errors) == 1 and isinstance(errors[0], sqlite3.IntegrityError)
+
+
+def test_an_acknowledgement_recorded_without_waiting_is_in_the_file_once_the_store_closed(tmp_path: Path) -> None:
+    from serverless_worker.outcome import Outcome, OutcomeKind
+    from serverless_worker.protocols.base import Delivery, ReportReceipt
+
+    store = SqliteStateStore(tmp_path / "s.db")
+    delivery = Delivery(protocol="priostack", handler="h", job_id="j1", ledger_id="j1:r0", payload={},
+                        wire={"key": "j1"})
+    key = store.record_delivery(delivery, instance="i", deadline=time.time() + 60, dispatch_mode="invoke")
+    assert key is not None and store.start_run(key, epoch="e", deadline=time.time() + 60) is not None
+    store.store_outcome(key, "e", Outcome(kind=OutcomeKind.SUCCESS, value={"ok": True}))
+    commits = store._writes
+    _, release = _held_group(commits, None)  # so the unwaited write only queues
+    assert store.mark_acknowledged(key, ReportReceipt(accepted=True), wait=False) is True
+    assert commits.queued == 1
+    release.set()
+    store.close()
+    reopened = SqliteStateStore(tmp_path / "s.db")
+    try:
+        item = reopened.get(key)
+        assert item is not None and str(item.status).endswith("ACKNOWLEDGED")
+    finally:
+        reopened.close()
+
+
+def test_flush_commits_the_unwaited_writes_an_interrupted_leader_left(connections: _Connections) -> None:
+    """A leader stopped by Ctrl-C mid-commit leaves what queued meanwhile to the next
+    write; when only unwaited writes queued, nothing else would come: closing flushes."""
+    commits = GroupCommit(connections)
+    commit = commits._commit
+    interrupted: list[bool] = []
+
+    def interrupted_once(group: list) -> None:  # type: ignore[type-arg]
+        if not interrupted:
+            interrupted.append(True)
+            other = threading.Thread(target=commits.submit, args=(_insert("queued", 1), lambda err: None))
+            other.start()
+            other.join(5)
+            raise KeyboardInterrupt
+        commit(group)
+
+    commits._commit = interrupted_once  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        commits.run(_insert("first", 0))
+    assert connections.committed() == {} and commits.queued == 1
+    commits.flush()
+    assert connections.committed() == {"queued": 1}

@@ -94,8 +94,11 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
         return _discard(services, key, delivery, "lease lost while running")
     receipt = report(services, key, delivery, outcome, record=False)
-    if not _acknowledge(services, key, delivery, receipt=receipt) \
-            and receipt.status in ("not_found", "already_applied") and services.store.clear_redelivered(key):
+    # Only a report the server did not know needs to learn whether the final write applied;
+    # any other the store may record without waiting (a crash before it lands re-settles).
+    forgotten = receipt.status in ("not_found", "already_applied")
+    if not _acknowledge(services, key, delivery, receipt=receipt, wait=forgotten) \
+            and forgotten and services.store.clear_redelivered(key):
         # The server forgot this delivery (404) and has since delivered the job again (a
         # Priostack restart, then a re-activation dropped as a duplicate): report again, now
         # to the new activation, rather than strand the job with nobody holding it.
@@ -144,8 +147,9 @@ def _noting[**P, R](services: Services, key: str, fn: Callable[P, R], *args: P.a
 
 
 def _acknowledge(services: Services, key: str, delivery: Delivery, *,
-                 receipt: ReportReceipt | None = None) -> bool:
-    """Acknowledge and record it; ``False`` when the ledger refused the final write."""
+                 receipt: ReportReceipt | None = None, wait: bool = True) -> bool:
+    """Acknowledge and record it; ``False`` when the ledger refused the final write (with
+    ``wait``: see ``StateStore.mark_acknowledged``)."""
     try:
         services.call(lambda p: p.acknowledge(delivery))
     except NotFoundError as err:
@@ -158,7 +162,7 @@ def _acknowledge(services: Services, key: str, delivery: Delivery, *,
                                 level="WARN", job_id=delivery.job_id)
             if receipt is not None:
                 receipt = receipt.model_copy(update={"detail": {**receipt.detail, "reconciled": read}})
-    return services.store.mark_acknowledged(key, receipt)
+    return services.store.mark_acknowledged(key, receipt, wait=wait)
 
 
 def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,

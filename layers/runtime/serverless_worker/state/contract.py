@@ -75,7 +75,13 @@ class StateStore(Protocol):
     # -- ledger: settling
     def mark_reported(self, key: str, receipt: ReportReceipt) -> bool: ...
 
-    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool: ...
+    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None, *, wait: bool = True) -> bool:
+        """The final write after report and acknowledgement. ``wait=False`` lets a backend
+        return before the write is durable, and then ``True`` before knowing: only where a
+        lost write costs nothing, since a crash before it lands leaves the item reported or
+        with its outcome stored, which recovery settles again without running anything
+        (the SQLite backend queues it for its next group commit; DynamoDB always waits)."""
+        ...
 
     def clear_redelivered(self, key: str) -> bool: ...
 

@@ -20,6 +20,7 @@ again with each write in a savepoint of its own, the one that raised rolled back
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -31,10 +32,11 @@ Write = Callable[[sqlite3.Connection], Any]
 
 
 class _Pending:
-    __slots__ = ("done", "error", "result", "wake", "write")
+    __slots__ = ("done", "error", "on_error", "result", "wake", "write")
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.write = write
+        self.on_error = on_error  # set for a write submitted without waiting: told its error
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -47,6 +49,7 @@ class _Pending:
 class GroupCommit:
     """``run(write)``: ``write(connection)`` inside a committed transaction, shared with
     whatever other threads queued meanwhile; returns its result or raises its error.
+    ``submit(write, on_error)``: the same without waiting for the commit.
 
     ``connection()`` gives the calling thread's connection (the committing thread's is
     used for the whole group). A write that itself writes raises :class:`RuntimeError`
@@ -55,8 +58,10 @@ class GroupCommit:
     One thread at a time commits (the leader). A write that arrives meanwhile is queued
     and its thread sleeps on its own lock; the leader, once its group is committed, wakes
     each of the group's threads at once, and hands the next group to the oldest queued
-    write's thread. No thread waits behind another to learn its write is done (waiting
-    in turn on one shared lock, they had the file idle a quarter of the time).
+    write's thread that waits (one submitted without waiting has no thread to hand it to:
+    with only those queued, the leader commits them too). No thread waits behind another
+    to learn its write is done (waiting in turn on one shared lock, they had the file idle
+    a quarter of the time).
     """
 
     def __init__(self, connection: Callable[[], sqlite3.Connection]) -> None:
@@ -75,13 +80,7 @@ class GroupCommit:
             return len(self._queue)
 
     def run(self, write: Write) -> Any:
-        if self._committer == threading.get_ident():
-            raise RuntimeError("a state-store write cannot write again inside itself")
-        pending = _Pending(write)
-        with self._lock:
-            self._queue.append(pending)
-            lead = not self._leading
-            self._leading = True
+        pending, lead = self._enqueue(write, None)
         if not lead:
             try:
                 self._wait(pending)
@@ -93,6 +92,35 @@ class GroupCommit:
         if pending.error is not None:
             raise pending.error
         return pending.result
+
+    def submit(self, write: Write, on_error: Callable[[BaseException], None]) -> None:
+        """Queue ``write`` for the next group and return without waiting for its commit.
+
+        For a write whose loss in a crash the caller's recovery repairs. Its thread
+        commits only when nobody else is committing (then it leads, as :meth:`run`
+        would); otherwise the writes after it carry it. Its error goes to ``on_error``,
+        in the committing thread.
+        """
+        _, lead = self._enqueue(write, on_error)
+        if lead:
+            self._lead()
+
+    def flush(self) -> None:
+        """Return once every write queued before it is committed (before the store closes its
+        connections, which a leader still committing would be using): an empty write that
+        waits, queued behind them, and leading them when nobody is."""
+        self.run(lambda db: None)
+
+    def _enqueue(self, write: Write, on_error: Callable[[BaseException], None] | None) -> tuple[_Pending, bool]:
+        """The queued write, and whether its thread is to lead (nobody else is)."""
+        if self._committer == threading.get_ident():
+            raise RuntimeError("a state-store write cannot write again inside itself")
+        pending = _Pending(write, on_error)
+        with self._lock:
+            self._queue.append(pending)
+            lead = not self._leading
+            self._leading = True
+        return pending, lead
 
     @staticmethod
     def _wait(pending: _Pending) -> None:
@@ -111,13 +139,21 @@ class GroupCommit:
 
     def _lead(self) -> None:
         """Commit every queued write (this thread's among them), wake their threads, and
-        hand what queued meanwhile to the oldest one's thread, or stop leading."""
+        hand what queued meanwhile to the oldest waiting writer's thread; when only
+        writes nobody waits for queued meanwhile, commit those too; else stop leading."""
+        while self._lead_once():
+            pass
+
+    def _lead_once(self) -> bool:
+        """One group; True when this thread is to commit the next one too."""
         with self._lock:
             group, self._queue = self._queue, []
             self._successor = None
         self._committer = threading.get_ident()
+        committed = False
         try:
             self._commit(group)
+            committed = True
         except BaseException as err:  # not SQLite's (those are the writes' errors): fail the group
             for pending in group:
                 pending.error = pending.error or err
@@ -125,15 +161,21 @@ class GroupCommit:
         finally:
             self._committer = None
             with self._lock:
-                successor = self._queue[0] if self._queue else None
+                successor = next((p for p in self._queue if p.on_error is None), None)
+                again = committed and successor is None and bool(self._queue)
                 self._successor = successor
-                self._leading = successor is not None
+                # Interrupted with only unwaited writes queued, the next write (or flush) leads.
+                self._leading = successor is not None or again
             for pending in group:
                 pending.done = True
-                if pending.wake.locked():
+                if pending.on_error is not None:
+                    if pending.error is not None:
+                        _tell(pending.on_error, pending.error)
+                elif pending.wake.locked():
                     pending.wake.release()
             if successor is not None:
                 successor.wake.release()
+        return again
 
     def _commit(self, group: list[_Pending]) -> None:
         db = self._connection()
@@ -176,3 +218,11 @@ class GroupCommit:
                 pending.error = err
                 return False
         return True
+
+
+def _tell(on_error: Callable[[BaseException], None], error: BaseException) -> None:
+    """An unwaited write's error to its callback; a failing callback must not stop the leader."""
+    try:
+        on_error(error)
+    except Exception:  # the callback's own bug: the leader still wakes its group
+        logging.getLogger("serverless_worker.state").exception("an unwaited write's error callback failed")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -66,6 +67,8 @@ from .rules import (
 )
 
 __all__ = ["SqliteStateStore"]
+
+log = logging.getLogger("serverless_worker.state")
 
 _T = TypeVar("_T")
 
@@ -226,7 +229,12 @@ class SqliteStateStore:
         return connection
 
     def close(self) -> None:
-        """Close every thread's connection (the file stays; a new store reopens it)."""
+        """Commit what is queued unwaited, then close every thread's connection (the file
+        stays; a new store reopens it)."""
+        try:
+            self._writes.flush()
+        except sqlite3.Error as err:  # closing anyway; the next start settles what was not saved
+            log.warning("SQLite state store %s: queued writes not saved at close: %s", self.path, err)
         with self._connections_lock:
             for connection in self._connections:
                 connection.close()
@@ -307,14 +315,15 @@ class SqliteStateStore:
             self._after(pk, what, db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone())
         return {}
 
-    def _update(self, pk: str, patch: _Patch, condition: str | None, *, what: str,
-                upsert: bool = False, returning: bool = True, **values: Any) -> dict[str, Any] | None:
+    def _update(self, pk: str, patch: _Patch, condition: str | None, *, what: str, upsert: bool = False,
+                returning: bool = True, wait: bool = True, **values: Any) -> dict[str, Any] | None:
         """Apply ``patch`` where ``condition`` holds; the new document, or ``None`` when refused.
 
         ``upsert`` creates the item when absent (an update without a condition does, in DynamoDB).
         Without ``returning`` an applied update gives ``{}``: most transitions need only to
         know that they applied, and decoding the document they would return cost more than
-        the update.
+        the update. Without ``wait`` it is queued for the next group commit and gives ``{}``
+        at once (see ``mark_acknowledged``); a failure is logged, not raised.
         """
         self._maybe_sweep()
         attributes = {PK: pk, **patch.written}
@@ -334,6 +343,12 @@ class SqliteStateStore:
             row = db.execute(sql, {"pk": pk, **named, **values}).fetchone()
             return self._after(pk, what, row) if returning else self._after_length(db, pk, what, row)
 
+        if not wait:
+            self._count("write")
+            self._writes.submit(write, lambda err: log.warning(
+                "SQLite state store %s: %s of %s was not saved (%s: %s); the next start settles it again",
+                self.path, what, pk, type(err).__name__, err))
+            return {}
         return self._write(write)
 
     def _put(self, pk: str, attributes: dict[str, Any], condition: str, *, what: str,
@@ -511,15 +526,15 @@ class SqliteStateStore:
             patch.set(unknown_to_server=True)  # the job may come back: see record_delivery
         return self._transition(key, patch, _status_in([LedgerStatus.OUTCOME_STORED]))
 
-    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool:
+    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None, *, wait: bool = True) -> bool:
         if receipt is None:
-            return self._final(key, LedgerStatus.ACKNOWLEDGED, _status_in([LedgerStatus.REPORTED]))
+            return self._final(key, LedgerStatus.ACKNOWLEDGED, _status_in([LedgerStatus.REPORTED]), wait=wait)
         not_found = in_doubt(receipt)
         condition = _status_in([LedgerStatus.OUTCOME_STORED, LedgerStatus.REPORTED])
         if not_found:
             condition = f"({condition}) AND NOT ({_exists('redelivered')})"
         return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
-                           report=compact_model(receipt), unknown_to_server=not_found)
+                           report=compact_model(receipt), unknown_to_server=not_found, wait=wait)
 
     def clear_redelivered(self, key: str) -> bool:
         return self._transition(key, _Patch().remove("redelivered").set(updated_at=self._clock()),
@@ -630,9 +645,10 @@ class SqliteStateStore:
                      None, what="control", upsert=True)
 
     # -- internals -------------------------------------------------------------------
-    def _transition(self, key: str, patch: _Patch, condition: str, **values: Any) -> bool:
+    def _transition(self, key: str, patch: _Patch, condition: str, *, wait: bool = True, **values: Any) -> bool:
         parse_ledger_key(key)
-        return self._update(key, patch, condition, what="the ledger item", returning=False, **values) is not None
+        return self._update(key, patch, condition, what="the ledger item", returning=False, wait=wait,
+                            **values) is not None
 
     def _fenced(self, key: str, epoch: str, patch: _Patch, what: str, *, returning: bool = False) -> dict[str, Any]:
         """``patch`` applied by the run holding ``epoch``; the new document with ``returning``."""
@@ -644,14 +660,15 @@ class SqliteStateStore:
         return doc
 
     def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
-               epoch: str | None = None, report: str | None = None, unknown_to_server: bool = False) -> bool:
+               epoch: str | None = None, report: str | None = None, unknown_to_server: bool = False,
+               wait: bool = True) -> bool:
         now = self._clock()
         # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
         patch = _Patch().remove(SCOPE, DEADLINE, "checkpoint").set(
             status=status.value, updated_at=now, ttl=int(now) + self._final_retention, error=reason, report=report,
             unknown_to_server=True if unknown_to_server else None)
         values = {"epoch": epoch} if epoch else {}
-        return self._transition(key, patch, condition, **values)
+        return self._transition(key, patch, condition, wait=wait, **values)
 
 
 def _unreported(epoch: str | None) -> str:

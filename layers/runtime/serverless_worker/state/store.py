@@ -413,10 +413,11 @@ class DynamoStateStore:
         return self._transition(key, update, "#status = :outcome_stored",
                                 report=compact_model(receipt), yes=True)
 
-    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None) -> bool:
+    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None, *, wait: bool = True) -> bool:
         """Final. With ``receipt`` it also records the report: the short path writes once
         after report + ack instead of twice (a crash between them re-reports, which every
-        protocol tolerates: fenced, 404-reconciled or ``accepted:false``)."""
+        protocol tolerates: fenced, 404-reconciled or ``accepted:false``). Always waits:
+        ``wait`` is for backends that can queue a write (the contract's)."""
         if receipt is None:
             # Acknowledging settles a reported outcome, once.
             return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
