@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -227,6 +227,16 @@ def test_a_thread_interrupted_while_it_waits_never_strands_the_writes_after_it(
     assert connections.committed() == {"first": 1, "later": 2}
 
 
+def _waited_behind(commits: GroupCommit, release: threading.Event, write: Callable[[sqlite3.Connection], object],
+                   *, queued: int) -> object:
+    """``write`` run (and waited for) behind the held group, once ``queued`` writes wait."""
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(commits.run, write)
+        _wait_queued(commits, queued)
+        release.set()
+        return waiting.result(5)
+
+
 def test_a_write_submitted_without_waiting_is_carried_by_the_next_group(connections: _Connections) -> None:
     """While another write commits, ``submit`` returns at once; the waiting write queued
     after it is handed the lead (not the unwaited one, whose thread is gone) and commits
@@ -236,11 +246,7 @@ def test_a_write_submitted_without_waiting_is_carried_by_the_next_group(connecti
     _, release = _held_group(commits, None)
     commits.submit(_insert("unwaited", 1), errors.append)  # returns while the held group commits
     assert commits.queued == 1 and connections.committed() == {}
-    with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(commits.run, _insert("waiting", 2))
-        _wait_queued(commits, 2)
-        release.set()
-        assert waiting.result(5) == 1
+    assert _waited_behind(commits, release, _insert("waiting", 2), queued=2) == 1
     assert connections.committed() == {"unwaited": 1, "waiting": 2}
     assert commits.commits == 2 and errors == []
 
@@ -265,11 +271,7 @@ def test_an_unwaited_write_that_fails_is_told_and_rolled_back_alone(connections:
     _, release = _held_group(commits, None)
     commits.submit(_insert("dup", 1), errors.append)
     commits.submit(_insert("dup", 2), errors.append)  # the primary key refuses it
-    with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(commits.run, _insert("waiting", 3))
-        _wait_queued(commits, 3)
-        release.set()
-        assert waiting.result(5) == 1
+    assert _waited_behind(commits, release, _insert("waiting", 3), queued=3) == 1
     assert connections.committed() == {"dup": 1, "waiting": 3}
     assert len(errors) == 1 and isinstance(errors[0], sqlite3.IntegrityError)
 
