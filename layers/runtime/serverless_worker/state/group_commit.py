@@ -4,11 +4,10 @@ Dozens of executor threads each write a few small transactions per job. Taken on
 time, they hand SQLite's write lock, and with it the GIL, from thread to thread at every
 transaction. Here one thread at a time (the leader) runs every write queued by then in
 one transaction, and commits once; the others sleep until it wakes them, each with its
-own result. Their threads used to
-wait in turn on one shared lock to learn their write was done, which grouped 2.9 writes
-a commit among 50 threads; woken at once, they group 27, and the ledger's four writes a
-job cost 0.45 ms of CPU against 0.60 (medians of three interleaved runs of
-``python -m benchmarks.state_file_writes``; 0.21-0.36 ms on one thread).
+own result. Their threads used to wait in turn on one shared lock to learn their write
+was done, which grouped 2.9 writes a commit among 50 threads; woken at once, they group
+27, and the ledger's four writes a job cost 0.45 ms of CPU against 0.60 (medians of three
+interleaved runs of ``python -m benchmarks.state_file_writes``; 0.21-0.36 ms on one thread).
 
 Nothing a caller sees changes: a write returns only once it is committed, each write sees
 every earlier one, a write that raises is rolled back alone and raises in its own thread,
