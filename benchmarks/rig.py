@@ -29,8 +29,8 @@ __all__ = ["STORE_OPERATIONS", "BenchClock", "RuntimeRig", "dynamodb_ceiling", "
 
 # StateStore methods counted per benchmark (each is one or a few DynamoDB requests).
 STORE_OPERATIONS = (
-    "record_delivery", "mark_dispatched", "mark_dispatch_failed", "start_run", "take_over", "store_outcome",
-    "mark_reported", "mark_acknowledged", "mark_handed_back", "mark_discarded", "add_counters",
+    "record_delivery", "record_new", "mark_dispatched", "mark_dispatch_failed", "start_run", "take_over",
+    "store_outcome", "mark_reported", "mark_acknowledged", "mark_handed_back", "mark_discarded", "add_counters",
     "read_counters", "get_control", "count_in_flight", "stranded", "in_flight", "get", "load_session",
     "save_session", "acquire_lock", "release_lock", "renew_deadline", "save_checkpoint",
 )

@@ -99,6 +99,51 @@ def test_an_unknown_dispatch_mode_is_refused(store: StateStore, delivery: Delive
         store.record_delivery(delivery, instance="blue", deadline=0, dispatch_mode="carrier-pigeon")
 
 
+def test_record_new_records_a_batch_as_record_delivery_would(store: StateStore, make_delivery: Any,
+                                                             clock: Any) -> None:
+    deliveries = [make_delivery(f"exec-{n}", protocol="priostack", attempt=n) for n in range(1, 4)]
+
+    keys = store.record_new([(d, "invoke") for d in deliveries[:2]] + [(deliveries[2], "state_machine")],
+                            instance="blue", deadline=clock.now + 60)
+
+    assert keys == [ledger_key_for(d) for d in deliveries]
+    for delivery, key, mode in zip(deliveries, keys, ["invoke", "invoke", "state_machine"], strict=True):
+        assert key is not None
+        item = store.get(key)
+        assert item is not None and item.status is S.RECORDED and item.delivery == delivery
+        assert (item.instance, item.attempt, item.dispatch_mode) == ("blue", delivery.attempt, mode)
+        assert item.deadline == pytest.approx(clock.now + 60) and item.runs == 0
+    assert store.count_in_flight("priostack", "blue") == 3
+    assert store.ops["write"] == 3
+
+
+def test_record_new_leaves_an_existing_item_to_record_delivery(store: StateStore, make_delivery: Any,
+                                                               clock: Any) -> None:
+    """A delivery the ledger has (running here, or handed back) is neither recorded nor
+    touched: ``None`` sends it through ``record_delivery``, which tells a duplicate from
+    the redelivery of a handed-back job. A repeat within the batch is no new item either."""
+    running = make_delivery("exec-1")
+    _running(store, running)
+    handed = make_delivery("exec-2")
+    assert store.mark_handed_back(_record(store, handed), "shutdown")
+    fresh = make_delivery("exec-3")
+
+    keys = store.record_new([(make_delivery("exec-1", attempt=2), "invoke"), (handed, "invoke"),
+                             (fresh, "invoke"), (make_delivery("exec-3", attempt=2), "invoke")],
+                            instance="blue", deadline=clock.now + 60)
+
+    assert keys == [None, None, ledger_key_for(fresh), None]
+    item = store.get(ledger_key_for(running))
+    assert item is not None and item.status is S.RUNNING and item.attempt == 1 and item.epoch == "run-1"
+    item = store.get(ledger_key_for(handed))
+    assert item is not None and item.status is S.HANDED_BACK
+    item = store.get(ledger_key_for(fresh))
+    assert item is not None and item.status is S.RECORDED and item.attempt == 1
+    # What the scheduler does with the handed-back one: record_delivery records it afresh.
+    assert store.record_delivery(handed, instance="blue", deadline=clock.now + 60, dispatch_mode="invoke",
+                                 again_after_hand_back=True) == ledger_key_for(handed)
+
+
 # -- dispatch -------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from serverless_worker.state import (
     LedgerStatus,
     StateStore,
     ledger_key,
+    ledger_key_for,
     parse_ledger_key,
 )
 from serverless_worker.state.items import item_size
@@ -119,6 +120,18 @@ def test_a_delivery_too_large_to_record_is_refused_before_writing(store: StateSt
     assert "delivery-token-s3cr3t" not in str(error)
     assert store.ops["write"] == 0
     assert store.get("delivery#pipelogiq#big-1") is None
+
+
+def test_record_new_leaves_a_delivery_too_large_to_record_delivery(store: StateStore, make_delivery: Any,
+                                                                   clock: Any) -> None:
+    big = make_delivery("big-1", payload={"blob": _incompressible(600 * 1024)})
+    small = make_delivery("small-1")
+
+    keys = store.record_new([(big, "invoke"), (small, "invoke")], instance="blue", deadline=clock.now + 60)
+
+    assert keys == [None, ledger_key_for(small)]
+    assert store.get(ledger_key_for(big)) is None
+    assert store.ops["write"] == 1
 
 
 def test_a_document_that_would_overflow_the_item_is_refused_by_the_engine(

@@ -4,8 +4,9 @@ record each delivery before dispatching it, and reap what got stranded.
 A tick heartbeats at the server's interval and pulls for as long as pulls return work,
 up to the poll window; without work it stays as long as its liveness mode says
 (``runtime/polling.py``). Deliveries are recorded and dispatched on a thread pool while
-the next pull runs, each one recorded before it is dispatched, and counted in flight from
-the moment it is pulled, so capacity never overshoots.
+the next pull runs (on the local SQLite file, a pulled batch is recorded at once, in one
+transaction), each one recorded before it is dispatched, and counted in flight from the
+moment it is pulled, so capacity never overshoots.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ class Scheduler:
                                                 hurry=worked or got > 0)
                 got += len(deliveries)
                 full = full or len(deliveries) >= room
-                in_flight += pending.submit(self._record_and_dispatch, deliveries, report)
+                in_flight += self._record(deliveries, pending, report)
             # An all-empty round makes the next one long-poll (never a busy loop); a lone
             # handler has no other queue to starve, so it always long-polls.
             worked = got > 0 and len(handlers) > 1
@@ -375,15 +376,41 @@ class Scheduler:
         return (self.services.settings.liveness == "continuous" and self.services.protocol.needs_session
                 and self.services.keeper.session is not None)
 
+    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport) -> int:
+        """Record and dispatch ``deliveries``; returns how many now count in flight.
+
+        Where the store writes a batch for less (the local SQLite file), the new ones of a
+        batch are recorded here in one transaction and dispatched at once; what it leaves
+        (an item exists, or too large) goes to the pool one at a time. Otherwise, and for a
+        lone delivery, each goes to the pool, recorded beside the next pull (one DynamoDB
+        request each).
+        """
+        store = self.services.store
+        if len(deliveries) < 2 or not store.records_in_batches:
+            return pending.submit(self._record_and_dispatch, deliveries, report)
+        deadline = self._dispatch_deadline()
+        keys = store.record_new([(delivery, self._mode(delivery)) for delivery in deliveries],
+                                instance=self.services.instance, deadline=deadline)
+        recorded = list(zip(deliveries, keys, strict=True))
+        pending.submit(self._record_and_dispatch, [delivery for delivery, key in recorded if key is None], report)
+        pending.add([self._dispatch(delivery, key, deadline) for delivery, key in recorded if key is not None],
+                    report)
+        return len(deliveries)
+
+    def _mode(self, delivery: Delivery) -> str:
+        return "state_machine" if self._long_running(delivery.handler) else "invoke"
+
+    def _dispatch_deadline(self) -> float:
+        """When a delivery recorded now counts as stranded if no executor has claimed it."""
+        return self.services.clock() + self.services.settings.dispatch_timeout_seconds
+
     def _record_and_dispatch(self, delivery: Delivery) -> str:
-        services, settings = self.services, self.services.settings
-        long_running = self._long_running(delivery.handler)
-        mode = "state_machine" if long_running else "invoke"
-        deadline = services.clock() + settings.dispatch_timeout_seconds
+        services = self.services
+        deadline = self._dispatch_deadline()
         # A delivery we handed back earlier comes back under the same ledger key (same
         # execution / same retries): it is the redelivery we asked for, so record it again.
         key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                             dispatch_mode=mode, again_after_hand_back=True)
+                                             dispatch_mode=self._mode(delivery), again_after_hand_back=True)
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:
@@ -393,10 +420,15 @@ class Scheduler:
             services.events.add("job.duplicate_discarded", f"duplicate delivery of job {delivery.job_id}",
                                 job_id=delivery.job_id)
             return "duplicate"
+        return self._dispatch(delivery, key, deadline)
+
+    def _dispatch(self, delivery: Delivery, key: str, deadline: float) -> str:
+        """Fan out a recorded delivery; a failed dispatch is handed back (or left to the reaper)."""
+        services = self.services
         if services.watcher is not None:
             services.watcher.recorded(delivery)
         try:
-            if long_running:
+            if self._long_running(delivery.handler):
                 services.dispatch.start_execution(key)
             else:
                 services.dispatch.invoke_executor(key)
@@ -468,6 +500,11 @@ class _Pending:
             self._futures.append(self._pool.submit(fn, delivery))
         return len(deliveries)
 
+    def add(self, results: list[str], report: TickReport) -> None:
+        """Deliveries recorded and dispatched on the tick's own thread: accounted at once."""
+        for result in results:
+            self._account(result, report)
+
     def harvest(self, report: TickReport) -> int:
         """Account for the finished ones; returns how many turned out not to be in flight."""
         self._collect(report)
@@ -494,8 +531,10 @@ class _Pending:
             if error is not None:
                 self._error = self._error or error
                 continue
-            result = future.result()
-            report.dispatched += int(result == "dispatched")
-            report.duplicates += int(result == "duplicate")
-            report.dispatch_failed += int(result == "failed")
-            self._freed += int(result not in self._IN_FLIGHT)
+            self._account(future.result(), report)
+
+    def _account(self, result: str, report: TickReport) -> None:
+        report.dispatched += int(result == "dispatched")
+        report.duplicates += int(result == "duplicate")
+        report.dispatch_failed += int(result == "failed")
+        self._freed += int(result not in self._IN_FLIGHT)

@@ -11,6 +11,7 @@ in docs/ledger.md and proven for each backend by the same tests (tests/state).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..outcome import Outcome
@@ -46,6 +47,17 @@ class StateStore(Protocol):
     # -- ledger: recording and dispatch
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
                         dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None: ...
+
+    records_in_batches: bool
+    """Whether ``record_new`` writes a batch for less than ``record_delivery`` per delivery
+    (the scheduler then records a pulled batch at once, on the tick's own thread)."""
+
+    def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
+                   deadline: float) -> list[str | None]:
+        """Record each delivery that has no ledger item yet, as ``record_delivery`` would;
+        its key, or ``None`` where an item exists or the delivery is too large, for
+        ``record_delivery`` to decide (duplicate, redelivery, hand-back) or refuse."""
+        ...
 
     def mark_dispatched(self, key: str) -> bool: ...
 

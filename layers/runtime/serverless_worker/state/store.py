@@ -81,7 +81,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from botocore.config import Config
@@ -186,6 +186,8 @@ class DynamoStateStore:
         self.ops: Counter[str] = Counter()
         self._ops_lock = threading.Lock()
 
+    records_in_batches = False  # see record_new
+
     @classmethod
     def from_env(cls, *, client: Any = None, clock: Callable[[], float] = time.time) -> DynamoStateStore:
         """Build from ``TABLE_NAME`` (template.yaml passes the table's name to every function)."""
@@ -266,13 +268,7 @@ class DynamoStateStore:
         """
         key = ledger_key_for(delivery)
         now = self._clock()
-        item = to_item({
-            PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value,
-            "delivery": pack_document(delivery.to_record()), "protocol": delivery.protocol,
-            "handler": delivery.handler, "instance": instance, "attempt": delivery.attempt,
-            "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0, "recorded_at": now,
-            "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
-        })
+        item = self._recorded_item(key, delivery, instance, deadline, dispatch_mode, now)
         # A new execution; or one whose settled item outlived its ttl (TTL deletes late: it counts as gone).
         condition = "attribute_not_exists(#pk) OR #ttl < :now"
         if again_after_hand_back:
@@ -300,6 +296,34 @@ class DynamoStateStore:
                 return None
         self._carry_forgotten_outcome(key, from_item(response.get("Attributes") or {}))
         return key
+
+    def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
+                   deadline: float) -> list[str | None]:
+        """One conditional put per delivery, only where no item exists; ``None`` for the rest
+        (``record_delivery`` decides those). DynamoDB has no cheaper batch with conditions:
+        ``records_in_batches`` is false, so the scheduler records each on its dispatch pool."""
+        now = self._clock()
+        keys: list[str | None] = []
+        for delivery, mode in deliveries:
+            key = ledger_key_for(delivery)
+            item = self._recorded_item(key, delivery, instance, deadline, mode, now)
+            try:
+                written = self._put(key, item, "attribute_not_exists(#pk)", {}, what="the delivery")
+            except ItemTooLargeError:
+                written = None  # record_delivery raises it where the caller handles it
+            keys.append(key if written is not None else None)
+        return keys
+
+    @staticmethod
+    def _recorded_item(key: str, delivery: Delivery, instance: str, deadline: float,
+                       dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
+        return to_item({
+            PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value,
+            "delivery": pack_document(delivery.to_record()), "protocol": delivery.protocol,
+            "handler": delivery.handler, "instance": instance, "attempt": delivery.attempt,
+            "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0, "recorded_at": now,
+            "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
+        })
 
     def _carry_forgotten_outcome(self, key: str, old: dict[str, Any]) -> None:
         """A job the server forgot comes back with our outcome already stored: keep it, so the
