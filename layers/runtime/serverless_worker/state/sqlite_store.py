@@ -451,9 +451,10 @@ class SqliteStateStore:
     def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
                    deadline: float) -> list[str | None]:
         """Every delivery with no item yet, in one transaction: a pulled batch costs one
-        commit, and one wait, where a write per delivery cost one each (their threads'
-        hand-offs were a tenth of the local worker's CPU). ``None`` for the others, and
-        for one too large to record: ``record_delivery`` decides (and raises) for those."""
+        commit and one wait, where a write per delivery cost a commit, a wait and a thread
+        hand-off each (docs/local-development.md: an eighth of the local worker's CPU a
+        job on Priostack). ``None`` for the others, and for one too large to record:
+        ``record_delivery`` decides (and raises) for those."""
         self._maybe_sweep()
         now = self._clock()
         rows: list[tuple[int, str, str]] = []
