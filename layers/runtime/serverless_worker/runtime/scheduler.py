@@ -389,12 +389,14 @@ class Scheduler:
         if len(deliveries) < 2 or not store.records_in_batches:
             return pending.submit(self._record_and_dispatch, deliveries, report)
         deadline = self._dispatch_deadline()
-        keys = store.record_new([(delivery, self._mode(delivery)) for delivery in deliveries],
-                                instance=self.services.instance, deadline=deadline)
-        recorded = list(zip(deliveries, keys, strict=True))
-        pending.submit(self._record_and_dispatch, [delivery for delivery, key in recorded if key is None], report)
-        pending.add([self._dispatch(delivery, key, deadline) for delivery, key in recorded if key is not None],
-                    report)
+        modes = [self._mode(delivery) for delivery in deliveries]
+        keys = store.record_new(list(zip(deliveries, modes, strict=True)), instance=self.services.instance,
+                                deadline=deadline)
+        recorded = list(zip(deliveries, keys, modes, strict=True))
+        pending.submit(self._record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
+                       report)
+        pending.add([self._dispatch(delivery, key, mode, deadline) for delivery, key, mode in recorded
+                     if key is not None], report)
         return len(deliveries)
 
     def _mode(self, delivery: Delivery) -> str:
@@ -407,10 +409,11 @@ class Scheduler:
     def _record_and_dispatch(self, delivery: Delivery) -> str:
         services = self.services
         deadline = self._dispatch_deadline()
+        mode = self._mode(delivery)
         # A delivery we handed back earlier comes back under the same ledger key (same
         # execution / same retries): it is the redelivery we asked for, so record it again.
         key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                             dispatch_mode=self._mode(delivery), again_after_hand_back=True)
+                                             dispatch_mode=mode, again_after_hand_back=True)
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:
@@ -420,15 +423,15 @@ class Scheduler:
             services.events.add("job.duplicate_discarded", f"duplicate delivery of job {delivery.job_id}",
                                 job_id=delivery.job_id)
             return "duplicate"
-        return self._dispatch(delivery, key, deadline)
+        return self._dispatch(delivery, key, mode, deadline)
 
-    def _dispatch(self, delivery: Delivery, key: str, deadline: float) -> str:
+    def _dispatch(self, delivery: Delivery, key: str, mode: str, deadline: float) -> str:
         """Fan out a recorded delivery; a failed dispatch is handed back (or left to the reaper)."""
         services = self.services
         if services.watcher is not None:
             services.watcher.recorded(delivery)
         try:
-            if self._long_running(delivery.handler):
+            if mode == "state_machine":
                 services.dispatch.start_execution(key)
             else:
                 services.dispatch.invoke_executor(key)

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt
+from .keys import DEADLINE, PK, SCOPE, SK, scope_of, sort_key_for
 
 __all__ = [
     "attributes_size",
@@ -40,6 +41,7 @@ __all__ = [
     "from_item",
     "item_size",
     "pack_document",
+    "recorded_attributes",
     "to_attribute",
     "to_item",
 ]
@@ -70,6 +72,18 @@ IN_FLIGHT_STATUSES = frozenset(set(LedgerStatus) - FINAL_STATUSES)
 class DispatchMode(StrEnum):
     INVOKE = "invoke"                # one async executor invocation
     STATE_MACHINE = "state_machine"  # one Step Functions execution (long-running handlers)
+
+
+def recorded_attributes(key: str, delivery: Delivery, *, packed_delivery: Any, instance: str, deadline: float,
+                        dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
+    """A delivery's new ledger item, as each backend records it. ``packed_delivery`` is the
+    delivery as the backend keeps documents (deflated in DynamoDB, JSON text in SQLite)."""
+    return {
+        PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value, "delivery": packed_delivery,
+        "protocol": delivery.protocol, "handler": delivery.handler, "instance": instance,
+        "attempt": delivery.attempt, "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0,
+        "recorded_at": now, "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
+    }
 
 
 _serializer = TypeSerializer()

@@ -38,7 +38,16 @@ from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
 from .group_commit import GroupCommit
-from .items import DispatchMode, LedgerItem, LedgerStatus, attributes_size, attributes_size_bound, compact_model, dumps
+from .items import (
+    DispatchMode,
+    LedgerItem,
+    LedgerStatus,
+    attributes_size,
+    attributes_size_bound,
+    compact_model,
+    dumps,
+    recorded_attributes,
+)
 from .keys import (
     DEADLINE,
     ITEM_MAX_BYTES,
@@ -705,13 +714,8 @@ def _recorded_item(key: str, delivery: Delivery, instance: str, deadline: float,
                    dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
     """A delivery's new ledger item, as ``record_delivery`` and ``record_new`` write it
     (an attribute that is ``None`` is left out, as ``_put`` leaves it)."""
-    item = {
-        PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value,
-        "delivery": dumps(delivery.to_record()), "protocol": delivery.protocol,
-        "handler": delivery.handler, "instance": instance, "attempt": delivery.attempt,
-        "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0, "recorded_at": now,
-        "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
-    }
+    item = recorded_attributes(key, delivery, packed_delivery=dumps(delivery.to_record()), instance=instance,
+                               deadline=deadline, dispatch_mode=dispatch_mode, now=now)
     return {name: value for name, value in item.items() if value is not None}
 
 

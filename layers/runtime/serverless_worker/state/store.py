@@ -102,6 +102,7 @@ from .items import (
     from_item,
     item_size,
     pack_document,
+    recorded_attributes,
     to_attribute,
     to_item,
 )
@@ -111,7 +112,6 @@ from .keys import (
     IN_FLIGHT_INDEX,
     ITEM_MAX_BYTES,
     PK,
-    SCOPE,
     SK,
     TTL,
     control_key,
@@ -317,13 +317,9 @@ class DynamoStateStore:
     @staticmethod
     def _recorded_item(key: str, delivery: Delivery, instance: str, deadline: float,
                        dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
-        return to_item({
-            PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value,
-            "delivery": pack_document(delivery.to_record()), "protocol": delivery.protocol,
-            "handler": delivery.handler, "instance": instance, "attempt": delivery.attempt,
-            "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0, "recorded_at": now,
-            "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
-        })
+        return to_item(recorded_attributes(key, delivery, packed_delivery=pack_document(delivery.to_record()),
+                                           instance=instance, deadline=deadline, dispatch_mode=dispatch_mode,
+                                           now=now))
 
     def _carry_forgotten_outcome(self, key: str, old: dict[str, Any]) -> None:
         """A job the server forgot comes back with our outcome already stored: keep it, so the
