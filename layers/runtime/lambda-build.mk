@@ -6,9 +6,10 @@
 LAMBDA_PYTHON_VERSION := 3.13
 PYTHON ?= python$(LAMBDA_PYTHON_VERSION)
 ARCHITECTURE ?= x86_64
-# manylinux2014 (glibc 2.17) wheels run on Amazon Linux 2023 (glibc 2.34) on either CPU.
-WHEEL_PLATFORM_x86_64 := manylinux2014_x86_64
-WHEEL_PLATFORM_arm64 := manylinux2014_aarch64
+# manylinux2014 (glibc 2.17) and manylinux_2_28 wheels (pycurl's) run on Amazon Linux 2023
+# (glibc 2.34) on either CPU.
+WHEEL_PLATFORM_x86_64 := manylinux2014_x86_64 manylinux_2_28_x86_64
+WHEEL_PLATFORM_arm64 := manylinux2014_aarch64 manylinux_2_28_aarch64
 WHEEL_PLATFORM := $(WHEEL_PLATFORM_$(ARCHITECTURE))
 PY_TAG := $(subst .,,$(LAMBDA_PYTHON_VERSION))
 
@@ -28,7 +29,7 @@ define pip_install_wheels
 	"$(PYTHON)" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
 		--no-warn-conflicts --no-compile --upgrade --target "$(1)" --only-binary=:all: \
 		--implementation cp --python-version $(LAMBDA_PYTHON_VERSION) --abi cp$(PY_TAG) \
-		--platform $(WHEEL_PLATFORM) -r "$(2)"
+		$(addprefix --platform ,$(WHEEL_PLATFORM)) -r "$(2)"
 endef
 
 # $(call compile_bytecode,DIR,PREFIX): unchecked-hash .pyc for every module, paths as Lambda sees them.

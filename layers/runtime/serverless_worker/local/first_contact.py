@@ -23,13 +23,8 @@ to fix, never a credential.
 from __future__ import annotations
 
 import logging
-import socket
-import ssl
 import threading
 from collections.abc import Sequence
-
-from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
-from urllib3.exceptions import SSLError as Urllib3SSLError
 
 from ..errors import (
     AuthenticationError,
@@ -39,7 +34,7 @@ from ..errors import (
     NotFoundError,
     ServerUnavailableError,
 )
-from ..protocols._http import HttpTransport, display_url
+from ..protocols._http import HttpTransport, TransportError, display_url
 from ..settings import Settings
 
 __all__ = ["FirstContactError", "HeldLogs", "describe_unreachable", "probe", "refusal"]
@@ -67,22 +62,24 @@ def probe(settings: Settings) -> None:
 
 def describe_unreachable(err: BaseException, settings: Settings) -> str:
     """The cause of a failed connection in words: refused, unknown host, no answer, TLS."""
-    chain = list(_causes(err))
-    if any(isinstance(e, ConnectTimeoutError) and not isinstance(e, NewConnectionError) for e in chain):
+    failure = next((e for e in _causes(err) if isinstance(e, TransportError)), None)
+    if failure is None:
+        return str(err)
+    if failure.kind == "connect_timeout":
         return f"no answer within the connect timeout of {settings.connect_timeout:g} s (--connect-timeout)"
-    if any(isinstance(e, socket.gaierror) or "NameResolution" in type(e).__name__ for e in chain):
+    if failure.kind == "unresolved":
         return "the host name does not resolve"
-    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+    if failure.kind == "refused":
         return "connection refused (nothing listens on that port)"
-    refused = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
-    if refused is not None:
-        return f"its TLS certificate was refused ({refused.verify_message or 'verification failed'})"
-    if any(isinstance(e, ssl.SSLError | Urllib3SSLError) for e in chain):
-        return "the TLS handshake failed"
-    if any(isinstance(e, ReadTimeoutError) for e in chain):
+    if failure.kind == "unreachable":
+        return "no route to the host (the network or the host is unreachable)"
+    if failure.kind == "tls_certificate":
+        return f"its TLS certificate was refused ({failure.detail or 'verification failed'})"
+    if failure.kind == "tls":
+        return f"the TLS handshake failed ({failure.detail})" if failure.detail else "the TLS handshake failed"
+    if failure.kind == "read_timeout":
         return f"connected, but no answer within the read timeout of {settings.read_timeout:g} s (--read-timeout)"
-    first = chain[1] if len(chain) > 1 else err
-    return f"transport failure ({type(first).__name__})"
+    return f"transport failure ({failure})"
 
 
 def refusal(settings: Settings, cause: type[BaseException], detail: str,
@@ -107,15 +104,12 @@ def refusal(settings: Settings, cause: type[BaseException], detail: str,
 
 
 def _causes(err: BaseException) -> list[BaseException]:
-    """``err`` and what caused it, through ``__cause__``, ``__context__`` and wrapped args."""
+    """``err`` and what caused it, through ``__cause__`` and ``__context__``."""
     seen: list[BaseException] = []
     current: BaseException | None = err
     while current is not None and all(current is not e for e in seen):
         seen.append(current)
-        wrapped = next((a for a in current.args if isinstance(a, BaseException)), None)
-        reason = getattr(current, "reason", None)
-        current = current.__cause__ or current.__context__ or wrapped or (
-            reason if isinstance(reason, BaseException) else None)
+        current = current.__cause__ or current.__context__
     return seen
 
 

@@ -1,13 +1,12 @@
-"""HTTP plumbing shared by the protocol clients: one connection pool, timeouts on every
+"""HTTP plumbing shared by the protocol clients: pooled connections, timeouts on every
 call, transport failures translated to domain errors in one place, and retries.
 
-The pool is urllib3's (the transport under ``requests``, pinned in the layer) used
-directly, one pool for the one host: on loopback a call through ``requests`` costs the
-client about 470 µs of CPU, through this transport 210 µs (``python -m
-benchmarks.http_calls``), and the local worker is bound by its own CPU. None of what
-``requests`` adds is wanted here: cookies, redirects and ``.netrc`` credentials are all
-things a worker must not follow, and the environment's proxy and CA bundle are read once,
-below (with ``requests``' own rules for them).
+The exchange itself is libcurl's (``_curl.py``, through ``pycurl``, pinned in the layer):
+on loopback a call cost the client 340-440 µs of CPU through urllib3, 95-120 µs through
+libcurl (``python -m benchmarks.http_calls``), and the local worker is bound by its own
+CPU. None of what a general-purpose client adds is wanted here: cookies, redirects and
+``.netrc`` credentials are all things a worker must not follow, and the environment's
+proxy and CA bundle are read once, below (with ``requests``' rules for them).
 
 Retries use `stamina` (a small, well-kept layer over tenacity: exponential backoff with
 jitter, an explicit predicate, and ``stamina.set_testing`` to turn backoff off in
@@ -31,10 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import urllib3
 from pydantic import SecretStr
-from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ProxyError
-from urllib3.response import BaseHTTPResponse
 
 from ..errors import (
     ConfigurationError,
@@ -43,9 +39,10 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..loopback import is_loopback_url
+from ._curl import CurlSettings, HandlePool, ResponseTooLargeError, TransportError, perform
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
-           "header_credential", "open_connections"]
+           "header_credential", "open_connections", "TransportError"]
 
 log = logging.getLogger("serverless_worker.http")
 # Every transport, so a SnapStart restore can renew each one's connections (runtime/snapstart.py).
@@ -194,7 +191,7 @@ def renew_transports() -> int:
 
 @dataclass(eq=False)  # compared by identity: transports live in a WeakSet
 class HttpTransport:
-    """One urllib3 connection pool per client with explicit connect/read timeouts.
+    """Pooled connections to one base URL, with explicit connect/read timeouts.
 
     Refuses plain ``http://`` to anything but loopback unless ``allow_insecure_http``.
     Counts calls per endpoint label so the runtime can report HTTP calls per job.
@@ -222,28 +219,19 @@ class HttpTransport:
                 "or set allow_insecure_http explicitly")
         self.base_url = self.base_url.rstrip("/")
         self.proxy, self.ca_bundle = _environment_settings(self.base_url)
-        self._headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Accept-Encoding": "gzip, deflate"}
-        self._prefix = urlsplit(self.base_url).path  # what a direct pool is sent: the path only
-        self._pool = self._new_pool()
+        # Content-Type: (empty) keeps libcurl from labelling a body it was not told the type of.
+        self._headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Expect": "", "Content-Type": ""}
+        https = self.base_url.startswith("https:")
+        self._settings = CurlSettings(connect_timeout=self.connect_timeout, proxy=self.proxy,
+                                      ca_bundle=(self.ca_bundle or _default_ca_bundle()) if https else None)
+        self._pool = HandlePool(self._settings, self.pool_maxsize)
         self._lock = threading.Lock()
         _TRANSPORTS.add(self)
-
-    def _new_pool(self) -> urllib3.PoolManager | urllib3.HTTPConnectionPool:
-        """The pool for the one host every call goes to (no per-call URL routing), or a
-        proxy manager when a proxy applies."""
-        options: dict[str, Any] = {"maxsize": self.pool_maxsize, "block": False, "retries": False}
-        if self.base_url.startswith("https:"):
-            options["cert_reqs"] = "CERT_REQUIRED"
-            bundle = self.ca_bundle or _default_ca_bundle()
-            options["ca_cert_dir" if os.path.isdir(bundle) else "ca_certs"] = bundle
-        if self.proxy:
-            return urllib3.ProxyManager(self.proxy, num_pools=4, **options)
-        return urllib3.connection_from_url(self.base_url, **options)
 
     @property
     def pooled_connections(self) -> int:
         """Connections held open (SnapStart's restore must leave none of before)."""
-        return open_connections(self._pool)
+        return self._pool.open_connections()
 
     def renew(self) -> None:
         """Close every pooled connection and start a new pool with the same settings.
@@ -251,8 +239,8 @@ class HttpTransport:
         For a SnapStart restore: environments restored from one snapshot must not share
         the sockets (or TLS sessions) the snapshot's environment had open.
         """
-        old, self._pool = self._pool, self._new_pool()
-        _close_pool(old)
+        old, self._pool = self._pool, HandlePool(self._settings, self.pool_maxsize)
+        old.close()
 
     def request(
         self,
@@ -277,73 +265,29 @@ class HttpTransport:
         if json_body is not None:
             data = json.dumps(json_body, separators=(",", ":")).encode()
             sent["Content-Type"] = "application/json"
-        if isinstance(self._pool, urllib3.PoolManager):
-            url = self.base_url + path
-        else:  # a pool for the one host is sent the request target only
-            url = self._prefix + path
-            url = url if url.startswith("/") else "/" + url
+        url = self.base_url + path
         if params:
             url += "?" + urlencode([(k, v) for k, v in params.items() if v is not None], doseq=True)
         read = read_timeout if read_timeout is not None else self.read_timeout
         started = time.monotonic()
+        pool = self._pool
+        handle = pool.take()
         try:
             # No retries and no redirects here: retries are retry_call's, and a credential
             # must never follow a redirect.
-            resp = self._pool.urlopen(method, url, body=data, headers=sent, retries=False, redirect=False,
-                                      timeout=urllib3.Timeout(connect=self.connect_timeout, read=read),
-                                      preload_content=False, decode_content=True)
-            complete = False
-            try:
-                body = self._read_body(resp, read, endpoint)
-                wire_bytes = resp.tell()
-                complete = True
-            finally:
-                if not complete:
-                    resp.close()  # a half-read connection must not go back to the pool
-                resp.release_conn()
-        except ServerUnavailableError:
-            raise
-        except NewConnectionError as err:  # refused, or the name does not resolve: nothing was sent
-            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=False) from err
-        except (ConnectTimeoutError, ProxyError) as err:
-            raise ServerUnavailableError("could not connect", endpoint=endpoint, ambiguous=False) from err
-        except Exception as err:  # read timeouts, resets, TLS and protocol errors: it may have arrived
-            raise ServerUnavailableError(_describe(err), endpoint=endpoint, ambiguous=True) from err
-        if len(body) > self.max_response_bytes:
+            status, received, body = perform(handle, method, url, _header_lines(sent), data,
+                                             settings=self._settings, read_timeout=read,
+                                             limit=self.max_response_bytes)
+        except ResponseTooLargeError:
             raise ProtocolViolationError(f"response larger than {self.max_response_bytes} bytes",
-                                         endpoint=endpoint, status=resp.status)
-        declared = resp.headers.get("Content-Length")
-        # Content-Length counts the bytes on the wire, before any Content-Encoding is undone.
-        if declared is not None and declared.isdigit() and int(declared) != wire_bytes:
-            raise ServerUnavailableError("response truncated", endpoint=endpoint, ambiguous=True)
-        log.debug("http %s %s -> %s in %.1f ms", method, endpoint, resp.status,
-                  (time.monotonic() - started) * 1000)
-        return HttpResponse(resp.status, resp.headers.copy(), body, endpoint)
-
-    def _read_body(self, resp: BaseHTTPResponse, read_timeout: float, endpoint: str) -> bytes:
-        """At most ``max_response_bytes + 1`` bytes of the body, decoded, within ``read_timeout``.
-
-        The socket timeout alone bounds only the gap between two bytes: a server that
-        trickles a byte every few seconds would hold the call for ever. So the whole body
-        must arrive within the read timeout of its headers (a long poll waits before the
-        headers, so its wait is not counted here).
-        """
-        limit = self.max_response_bytes + 1
-        deadline = time.monotonic() + read_timeout
-        chunks: list[bytes] = []
-        size = 0
-        while size < limit:
-            chunk = resp.read1(min(65536, limit - size), decode_content=True)
-            if chunk:
-                chunks.append(chunk)
-                size += len(chunk)
-            elif resp.closed:  # the whole body is in
-                break
-            if time.monotonic() > deadline:
-                raise ServerUnavailableError(
-                    f"response body not complete {read_timeout:g}s after its headers", endpoint=endpoint,
-                    ambiguous=True)
-        return b"".join(chunks)
+                                         endpoint=endpoint) from None
+        except TransportError as err:
+            raise ServerUnavailableError(f"transport failure ({err.words})", endpoint=endpoint,
+                                         ambiguous=err.sent) from err
+        finally:
+            pool.give(handle)
+        log.debug("http %s %s -> %s in %.1f ms", method, endpoint, status, (time.monotonic() - started) * 1000)
+        return HttpResponse(status, received, body, endpoint)
 
     def raise_for_transient(self, response: HttpResponse) -> None:
         """Raise RateLimitedError for 429 and ServerUnavailableError for 5xx."""
@@ -357,7 +301,7 @@ class HttpTransport:
                                          status=response.status, ambiguous=True)
 
     def close(self) -> None:
-        _close_pool(self._pool)
+        self._pool.close()
 
 
 def _environment_settings(base_url: str) -> tuple[str | None, str | None]:
@@ -379,21 +323,14 @@ def _environment_settings(base_url: str) -> tuple[str | None, str | None]:
     return proxy, verify
 
 
-def open_connections(pool: urllib3.PoolManager | urllib3.HTTPConnectionPool) -> int:
+def _header_lines(headers: Mapping[str, str]) -> list[str]:
+    """``Name: value`` lines; an empty value as ``Name:``, which keeps libcurl from adding its own."""
+    return [f"{name}: {value}" if value else f"{name}:" for name, value in headers.items()]
+
+
+def open_connections(pool: HandlePool) -> int:
     """How many connections ``pool`` holds open."""
-    if isinstance(pool, urllib3.PoolManager):
-        return sum(open_connections(host_pool) for host_pool in list(pool.pools.values()))
-    queue = pool.pool
-    if queue is None:  # closed
-        return 0
-    return sum(1 for connection in list(queue.queue) if connection is not None and connection.sock is not None)
-
-
-def _close_pool(pool: urllib3.PoolManager | urllib3.HTTPConnectionPool) -> None:
-    if isinstance(pool, urllib3.PoolManager):
-        pool.clear()
-    else:
-        pool.close()
+    return pool.open_connections()
 
 
 def _default_ca_bundle() -> str:
@@ -401,8 +338,3 @@ def _default_ca_bundle() -> str:
     import certifi
 
     return str(certifi.where())
-
-
-def _describe(err: BaseException) -> str:
-    """A short cause without URLs (which could carry query credentials)."""
-    return f"transport failure ({type(err).__name__})"

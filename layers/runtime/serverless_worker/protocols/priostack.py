@@ -91,8 +91,7 @@ class PriostackClient(HttpProtocolClient):
     ``auth`` picks where the API key goes: ``X-API-Key`` (default), ``Authorization:
     Bearer`` or the ``api_key`` query parameter. The query form is supported because the
     documents list it; it puts the key in the URL, so in that mode transport errors are
-    re-raised without their chained cause, and urllib3's URL logging is redacted by
-    ``logsafety``.
+    re-raised without their chained cause (the transport itself logs no URL).
     """
 
     name: ClassVar[str] = "priostack"
@@ -302,8 +301,8 @@ class PriostackClient(HttpProtocolClient):
             if self._auth != "query":
                 raise
             detached = _detached(err)
-        # Raised outside the except block, so it has neither cause nor context: the
-        # underlying `requests` error quotes the URL, and in this mode the URL has the key.
+        # Raised outside the except block, so it has neither cause nor context: a transport
+        # error may quote the URL, and in this mode the URL has the key.
         raise detached
 
     def _settle(self, label: str, key: str, body: dict[str, Any]) -> None:
