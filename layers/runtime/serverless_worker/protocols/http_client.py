@@ -63,6 +63,7 @@ class HttpProtocolClient(WorkerProtocol):
         self._read_timeout = read_timeout
         self._transport = HttpTransport(base_url, connect_timeout=connect_timeout, read_timeout=read_timeout,
                                         pool_maxsize=pool_maxsize, allow_insecure_http=allow_insecure_http)
+        self._where = display_url(self._transport.base_url)  # for retry logs: worked out once, not per report
 
     @property
     def base_url(self) -> str:
@@ -79,7 +80,7 @@ class HttpProtocolClient(WorkerProtocol):
 
     def _retrying[T](self, call: Callable[[int], T]) -> T:
         """``call(attempt_number)`` under this client's retry policy (reporting calls only)."""
-        return retry_call(call, self._retry, where=display_url(self.base_url))
+        return retry_call(call, self._retry, where=self._where)
 
     def _repr_fields(self) -> Mapping[str, object]:
         """What the repr shows between the base URL and the masked credential."""

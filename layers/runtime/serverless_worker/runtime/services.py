@@ -85,6 +85,11 @@ class Services:
     # -- protocol client -------------------------------------------------------
     @property
     def protocol(self) -> WorkerProtocol:
+        # Built once and replaced only whole (a refreshed key): read without the lock, which
+        # every call of every executor thread would otherwise take in turn.
+        client = self._protocol
+        if client is not None:
+            return client
         with self._lock:
             if self._protocol is None:
                 self._protocol = self._build_protocol(refresh=False)
@@ -108,6 +113,8 @@ class Services:
 
     @property
     def keeper(self) -> SessionKeeper:
+        if self._keeper is not None:  # built once, never replaced
+            return self._keeper
         with self._lock:
             if self._keeper is None:
                 self._keeper = SessionKeeper(

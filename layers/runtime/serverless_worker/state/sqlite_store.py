@@ -136,6 +136,12 @@ def _exists(name: str) -> str:
 
 
 def _status_in(statuses: Sequence[LedgerStatus]) -> str:
+    return _status_sql(tuple(statuses))
+
+
+@functools.lru_cache(maxsize=32)
+def _status_sql(statuses: tuple[LedgerStatus, ...]) -> str:
+    """The SQL of a status condition, built once per set of statuses (every write asks)."""
     return f"{_attr('status')} IN ({', '.join(repr(s.value) for s in statuses)})"
 
 
