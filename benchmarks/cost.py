@@ -85,13 +85,14 @@ LONG_PATH_STATES = {
     "lambda_once": ["Acquire", "Report", "Ack"],
 }
 
-# Index writes per ledger write. The in-flight index holds keys only, so only writes that
-# add, move or remove an index key cost an index write: record puts one, a deadline change
-# (start_run, take_over, renew_deadline, mark_dispatch_failed) is a delete plus a put, and a
-# final state removes it. Status-only changes (store_outcome, mark_reported) cost none.
-GSI_WRITES = {"record_delivery": 1, "mark_dispatched": 0, "mark_dispatch_failed": 2, "start_run": 2,
-              "take_over": 2, "store_outcome": 0, "mark_reported": 0, "mark_acknowledged": 1,
-              "mark_handed_back": 1, "mark_discarded": 1, "renew_deadline": 2}
+# Index writes per ledger write, when (h) did not measure them. The in-flight index holds keys
+# only, so only writes that add, move or remove an index key cost an index write: record puts
+# one and a final state removes it. A run that pushes its deadline out (start_run, take_over,
+# renew_deadline) writes the item's own ``due`` and leaves the key where it is (state/store.py);
+# mark_dispatch_failed moves it to now (a delete plus a put). Status-only changes cost none.
+GSI_WRITES = {"record_delivery": 1, "mark_dispatched": 0, "mark_dispatch_failed": 2, "start_run": 0,
+              "take_over": 0, "store_outcome": 0, "mark_reported": 0, "mark_acknowledged": 1,
+              "mark_handed_back": 1, "mark_discarded": 1, "renew_deadline": 0}
 _LEDGER_WRITES = frozenset(GSI_WRITES) | {"save_checkpoint"}
 
 
@@ -124,8 +125,12 @@ def _billed_seconds(seconds: float) -> float:
 
 
 def per_million_jobs(*, protocol: str, dynamodb: dict[str, Any], executor_ms: float, executor_memory_mb: int,
-                     steps_memory_mb: int, long_path: dict[str, int]) -> dict[str, Any]:
-    """Cost of a million short-path jobs (handler time excluded) and of a million long-running ones."""
+                     steps_memory_mb: int, long_path: dict[str, int],
+                     ledger_units: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Cost of a million short-path jobs (handler time excluded) and of a million long-running ones.
+
+    ``ledger_units`` is (h)'s measure of the ledger's (table, index) write units a job; without
+    it they are modelled from the throughput run's writes and :data:`GSI_WRITES`."""
     million = 1e6
     gb = executor_memory_mb / 1024
     lambda_requests = million * PRICES["lambda_request"].usd
@@ -135,6 +140,10 @@ def per_million_jobs(*, protocol: str, dynamodb: dict[str, Any], executor_ms: fl
     base_wru = sum(count * (units if op in _LEDGER_WRITES else 1) for op, count in by_op.items()
                    if op in _LEDGER_WRITES or op == "add_counters")
     gsi_wru = sum(count * GSI_WRITES.get(op, 0) for op, count in by_op.items())
+    if ledger_units is not None:
+        table, index = ledger_units
+        base_wru += table - sum(count * units for op, count in by_op.items() if op in _LEDGER_WRITES)
+        gsi_wru = index
     rru = dynamodb.get("reads_per_job", 0.0)
     dynamo = million * ((base_wru + gsi_wru) * PRICES["dynamodb_wru"].usd + rru * PRICES["dynamodb_rru"].usd)
     short = lambda_requests + lambda_compute + dynamo

@@ -210,10 +210,12 @@ def _cost(results: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     for protocol, tp in results["throughput"].items():
         alone = results["executor_alone"].get(protocol, {}).get("mean_ms")
         executor_ms = alone if alone is not None else tp["executor_ms"]["mean"]
+        measured = results.get("write_units", {}).get(protocol)
+        units = (measured["ledger_table_units_per_job"], measured["ledger_index_units_per_job"]) if measured else None
         per_million[protocol] = cost.per_million_jobs(
             protocol=protocol, dynamodb=tp["dynamodb"], executor_ms=executor_ms or 0.0,
             executor_memory_mb=memory["ExecutorFunction"], steps_memory_mb=memory["StepsFunction"],
-            long_path=long_path)
+            long_path=long_path, ledger_units=units)
     idle_ticks = list(results["idle_tick"].values())
     idle = max(idle_ticks, key=lambda t: t["duration_s"]) if idle_ticks else {}
     schedule = defaults["schedule"]

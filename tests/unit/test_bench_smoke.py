@@ -166,13 +166,18 @@ def test_cost_model_arithmetic() -> None:
                                 executor_memory_mb=512, steps_memory_mb=512,
                                 long_path=cost.long_path_transitions(ASL))
     short = one["short_path"]
-    # 5 ledger writes of 2 units, 1 counters write, index: record 1 + start_run 2 + final 1.
-    assert short["wru_per_job"] == 5 * 2 + 1 + 4 and short["gsi_wru_per_job"] == 4
+    # 5 ledger writes of 2 units, 1 counters write, index: record 1 + final 1 (start_run moves no key).
+    assert short["wru_per_job"] == 5 * 2 + 1 + 2 and short["gsi_wru_per_job"] == 2
     assert short["lambda_requests_usd"] == pytest.approx(0.20)
     # 99.2 ms bills as 100 ms (1 ms granularity) at 0.5 GB.
     assert short["lambda_gb_seconds_usd"] == pytest.approx(1e6 * 0.100 * 0.5 * 0.0000166667)
-    assert short["dynamodb_usd"] == pytest.approx(15 * 0.625 + 0.1 * 0.125)
+    assert short["dynamodb_usd"] == pytest.approx(13 * 0.625 + 0.1 * 0.125)
     assert one["long_path"]["step_functions_usd"] == pytest.approx(15 * 25.0)
+    # (h)'s measured ledger units (table, index) replace the modelled ones; the counters write stays.
+    measured = cost.per_million_jobs(protocol="pipelogiq", dynamodb=dynamodb, executor_ms=99.2,
+                                     executor_memory_mb=512, steps_memory_mb=512,
+                                     long_path=cost.long_path_transitions(ASL), ledger_units=(4.0, 2.0))
+    assert measured["short_path"]["wru_per_job"] == 4 + 1 + 2 and measured["short_path"]["gsi_wru_per_job"] == 2
 
     idle = {"window_s": 50.0, "duration_s": 1.5, "reads": 4, "writes": 0}
     fixed = cost.fixed_monthly(idle=idle, schedule_minutes=1, window_s=50, scheduler_memory_mb=128, alarms=5)
