@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import requests
-from moto.core.exceptions import AWSError, JsonRESTError
+from moto.core.exceptions import JsonRESTError
+from moto.stepfunctions.exceptions import StepFunctionsException
 
 from aws.conftest import Env
 from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance
@@ -460,6 +461,12 @@ class TooManyRequests(JsonRESTError):
         super().__init__("TooManyRequestsException", "Rate exceeded")
 
 
+class ExecutionLimitExceeded(StepFunctionsException):
+    """Step Functions' answer when an account has too many running executions."""
+
+    code = "ExecutionLimitExceeded"
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_invoke_throttled(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch,
                           protocol: str) -> None:
@@ -513,7 +520,7 @@ def test_start_execution_fails(worker_env: Any, long_runs: Any, monkeypatch: pyt
     def limited(self: Any) -> Any:
         if len(refused) < 2:
             refused.append(1)
-            raise AWSError("Maximum number of running executions reached", "ExecutionLimitExceeded")
+            raise ExecutionLimitExceeded("Maximum number of running executions reached")
         return real(self)
 
     monkeypatch.setattr(StepFunctionResponse, "start_execution", limited)

@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_MOTO = {"moto", "moto.server", "moto.core.config"}
 
 
-@pytest.mark.parametrize("installed", ["5.2.0", "5.2.5", "5.2.11.dev3"])
+@pytest.mark.parametrize("installed", ["5.2.6", "5.2.6.post1"])
 def test_a_supported_moto_passes(installed: str) -> None:
     assert check_moto_version(installed) == installed
 
 
-@pytest.mark.parametrize("installed", ["5.1.21", "5.3.0", "6.0.0", "4.2.14"])
+@pytest.mark.parametrize("installed", ["5.2.5", "5.2.7", "5.1.21", "5.3.0", "6.0.0", "4.2.14"])
 def test_an_untested_moto_is_refused_with_what_to_install(installed: str) -> None:
     with pytest.raises(UnsupportedMotoError) as refused:
         check_moto_version(installed)

@@ -51,10 +51,12 @@ __all__ = [
 log = logging.getLogger("serverless_worker.local")
 
 # The releases whose internals the patches below were read from and tested on, as
-# [lowest, first unsupported) (major, minor); pyproject.toml pins the same range (a unit
+# [lowest, first unsupported) (major, minor, patch): moto changes its internals between
+# patch releases (5.2.6 moved its errors from AWSError to ServiceException), so the range
+# is one release wide until another is tested. pyproject.toml pins the same range (a unit
 # test keeps the two in step).
-SUPPORTED_MOTO = ((5, 2), (5, 3))
-MOTO_REQUIREMENT = "moto>={0[0]}.{0[1]},<{1[0]}.{1[1]}".format(*SUPPORTED_MOTO)
+SUPPORTED_MOTO = ((5, 2, 6), (5, 2, 7))
+MOTO_REQUIREMENT = "moto>={},<{}".format(*(".".join(map(str, bound)) for bound in SUPPORTED_MOTO))
 _INTERNAL_FAILURE = '{"__type": "InternalFailure", "message": "embedded DynamoDB error"}'
 _DEFINITE_PATH = re.compile(r"\$(?:\.[A-Za-z_][\w-]*|\[\d+\]|\['[^']*'\])*")
 
@@ -72,7 +74,7 @@ def check_moto_version(installed: str | None = None) -> str:
             raise UnsupportedMotoError(
                 f"moto is not installed; the local runner and the AWS tests need {MOTO_REQUIREMENT!r}: "
                 f"pip install '{MOTO_REQUIREMENT}'") from None
-    release = tuple(int(part) for part in re.findall(r"\d+", installed)[:2])
+    release = tuple(int(part) for part in re.findall(r"\d+", installed)[:3])
     lowest, unsupported = SUPPORTED_MOTO
     if not lowest <= release < unsupported:
         raise UnsupportedMotoError(
