@@ -17,6 +17,7 @@ is told neither.
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,7 @@ _DROPPED = {52: "the server closed the connection without answering", 55: "sendi
             56: "the connection was reset", 18: "response truncated"}
 _ECONNREFUSED, _EHOSTUNREACH, _ENETUNREACH = 111, 113, 101
 _PREREQ_OK: int = int(pycurl.PREREQFUNC_OK)
+_PREREQ_ABORT: int = int(pycurl.PREREQFUNC_ABORT)
 
 
 class TransportError(Exception):
@@ -96,9 +98,15 @@ class Exchange:
     checked against the size limit and against the read timeout, counted from the moment
     the connection was ready (:meth:`ready`): libcurl's own timeout also counts a new
     connection's connect time, which would give a trickling answer that much more.
+
+    A request is sent once. libcurl sends it again on a new connection when a reused one
+    closed without a byte of answer; but the server may have read it and acted before it
+    closed (a pull that took jobs, a report that was applied), so the second connection's
+    :meth:`ready` refuses, and the exchange fails as ``dropped``, possibly sent.
     """
 
-    __slots__ = ("chunks", "header_lines", "late", "limit", "read_timeout", "ready_at", "size", "too_large")
+    __slots__ = ("chunks", "header_lines", "late", "limit", "prepared", "read_timeout", "ready_at", "resent",
+                 "size", "too_large")
 
     def __init__(self, limit: int, read_timeout: float) -> None:
         self.limit = limit
@@ -109,6 +117,8 @@ class Exchange:
         self.header_lines: list[bytes] = []
         self.too_large = False
         self.late = False
+        self.prepared = False
+        self.resent = False
 
     def write(self, chunk: bytes) -> int | None:
         self.size += len(chunk)
@@ -122,7 +132,12 @@ class Exchange:
         return None
 
     def ready(self, *connection: object) -> int:
-        """libcurl's PREREQFUNCTION: the connection is made (or reused); the request goes next."""
+        """libcurl's PREREQFUNCTION: the connection is made (or reused); the request goes
+        next, unless it already went out on another connection."""
+        if self.prepared:
+            self.resent = True
+            return _PREREQ_ABORT
+        self.prepared = True
         self.ready_at = time.monotonic()
         return _PREREQ_OK
 
@@ -163,6 +178,7 @@ def new_handle(settings: CurlSettings) -> pycurl.Curl:
     handle = pycurl.Curl()
     handle.setopt(pycurl.NOSIGNAL, 1)  # threads: no SIGALRM for timeouts
     handle.setopt(pycurl.TCP_NODELAY, 1)
+    handle.setopt(pycurl.MAXCONNECTS, 1)  # one thread's calls, one at a time: one connection
     handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
     handle.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
     handle.setopt(pycurl.FOLLOWLOCATION, 0)  # a credential must never follow a redirect
@@ -221,7 +237,9 @@ def perform(handle: pycurl.Curl, method: str, url: str, headers: list[str], body
     the connection being ready (a server trickling a byte at a time cannot hold the call
     for ever); a handle without a connection open may first take the connect timeout.
     """
-    connected = handle.getinfo(pycurl.ACTIVESOCKET) != -1
+    fd = handle.getinfo(pycurl.ACTIVESOCKET)
+    connected = fd != -1 and not _closed_by_peer(fd)
+    handle.setopt(pycurl.FRESH_CONNECT, 0 if connected or fd == -1 else 1)  # the closed one is let go
     budget = read_timeout if connected else settings.connect_timeout + read_timeout
     exchange = Exchange(limit, read_timeout)
     handle.setopt(pycurl.URL, url)
@@ -243,6 +261,9 @@ def perform(handle: pycurl.Curl, method: str, url: str, headers: list[str], body
         code, message = (*err.args, 0, "")[:2]
         if exchange.late:
             code, message = pycurl.E_OPERATION_TIMEDOUT, ""
+        if exchange.resent:
+            raise TransportError("dropped", "the connection closed without an answer (not sent again)", "",
+                                 sent=True) from None
         raise failure(handle, int(code), str(message), read_timeout=read_timeout,
                       answered=exchange.answered, proxied=bool(settings.proxy)) from None
     finally:
@@ -251,6 +272,16 @@ def perform(handle: pycurl.Curl, method: str, url: str, headers: list[str], body
         handle.setopt(pycurl.HEADERFUNCTION, _discard)
         handle.setopt(pycurl.PREREQFUNCTION, _ready)
     return int(handle.getinfo(pycurl.RESPONSE_CODE)), exchange.headers(), exchange.body
+
+
+def _closed_by_peer(fd: int) -> bool:
+    """Whether an idle connection has anything to read: the server closed it (or sent
+    what no request asked for). libcurl looks only at connections idle for a second or
+    more before reusing one, and a request sent on a closed one fails without an answer,
+    which cannot be told from a server that read it and went away (see :class:`Exchange`)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _discard(data: bytes) -> None:

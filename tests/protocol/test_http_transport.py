@@ -1,0 +1,190 @@
+"""The HTTP transport (libcurl) against a raw loopback server that misbehaves on purpose:
+each transport failure says what happened and whether the request may have been sent,
+and a request is never sent twice, even where libcurl would resend it by itself."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from serverless_worker.errors import ProtocolViolationError, ServerUnavailableError
+from serverless_worker.protocols._http import HttpTransport, TransportError
+
+# What the server does with a request, chosen by its body: answer it, or misbehave.
+Behaviour = Callable[[socket.socket], bool]  # returns whether the connection stays open
+
+
+@dataclass
+class RawServer:
+    """HTTP/1.1 by hand on loopback, one thread a connection; records every request body."""
+
+    behaviours: dict[bytes, Behaviour] = field(default_factory=dict)
+    bodies: list[bytes] = field(default_factory=list)
+    connections: int = 0
+
+    def __post_init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # the client gave up (a timeout, a size limit)
+            self._exchange(conn)
+
+    def _exchange(self, conn: socket.socket) -> None:
+        buffer = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(buffer) < length:
+                    buffer += conn.recv(65536)
+                body, buffer = buffer[:length], buffer[length:]
+                self.bodies.append(body)
+                if not self.behaviours.get(body, answer)(conn):
+                    return
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def answer(conn: socket.socket, extra: bytes = b"") -> bool:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + extra + b"\r\nok")
+    return True
+
+
+def close_without_answer(conn: socket.socket) -> bool:
+    return False
+
+
+def never_answer(conn: socket.socket) -> bool:
+    time.sleep(5)
+    return False
+
+
+@pytest.fixture
+def server() -> Iterator[RawServer]:
+    served = RawServer()
+    yield served
+    served.close()
+
+
+def cause(info: pytest.ExceptionInfo[ServerUnavailableError]) -> TransportError:
+    assert isinstance(info.value.__cause__, TransportError), info.value.__cause__
+    return info.value.__cause__
+
+
+def test_calls_share_one_connection_and_headers_are_read_without_regard_to_case(server: RawServer) -> None:
+    server.behaviours[b"twice"] = lambda conn: answer(conn, b"x-Thing: a\r\nX-THING: b\r\n")
+    transport = HttpTransport(server.url)
+    first = transport.request("POST", "/a", endpoint="a", data=b"once")
+    second = transport.request("POST", "/a", endpoint="a", data=b"twice")
+    assert (first.status, first.body, second.body) == (200, b"ok", b"ok")
+    assert second.headers["x-thing"] == "a, b" and second.headers["Content-Length"] == "2"
+    assert server.connections == 1 and transport.pooled_connections == 1
+
+
+def test_a_request_the_server_read_and_dropped_is_not_sent_again_on_a_new_connection(
+        server: RawServer) -> None:
+    # libcurl resends a request whose reused connection closed without a byte of answer;
+    # the server may have acted on it, so the transport stops that second send.
+    server.behaviours[b"drop"] = close_without_answer
+    transport = HttpTransport(server.url)
+    transport.request("POST", "/pull", endpoint="pull", data=b"warm")  # the connection is now reused
+    with pytest.raises(ServerUnavailableError) as info:
+        transport.request("POST", "/pull", endpoint="pull", data=b"drop")
+    assert server.bodies == [b"warm", b"drop"]
+    assert info.value.ambiguous and cause(info).kind == "dropped" and cause(info).sent
+    # The transport is still usable: the next call takes a new connection.
+    assert transport.request("POST", "/pull", endpoint="pull", data=b"after").status == 200
+    assert server.bodies == [b"warm", b"drop", b"after"]
+
+
+def test_a_drop_on_a_new_connection_is_ambiguous_and_sent_once(server: RawServer) -> None:
+    server.behaviours[b"drop"] = close_without_answer
+    with pytest.raises(ServerUnavailableError) as info:
+        HttpTransport(server.url).request("POST", "/r", endpoint="r", data=b"drop")
+    assert server.bodies == [b"drop"] and info.value.ambiguous and cause(info).kind == "dropped"
+
+
+def test_an_idle_connection_the_server_closed_is_replaced_without_a_failure(server: RawServer) -> None:
+    # A keep-alive connection the server closed while idle is the everyday case, not a
+    # failure: libcurl sees it closed before sending and connects anew.
+    server.behaviours[b"last"] = lambda conn: answer(conn) and False
+    transport = HttpTransport(server.url)
+    transport.request("POST", "/r", endpoint="r", data=b"last")
+    time.sleep(0.05)  # the server's FIN arrives; libcurl itself would look only after 1 s idle
+    assert transport.request("POST", "/r", endpoint="r", data=b"next").status == 200
+    assert transport.request("POST", "/r", endpoint="r", data=b"again").status == 200
+    assert server.bodies == [b"last", b"next", b"again"] and server.connections == 2
+    assert transport.pooled_connections == 1
+
+
+def test_a_refused_connection_was_certainly_not_sent() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as reserved:
+        port = reserved.getsockname()[1]
+    with pytest.raises(ServerUnavailableError) as info:
+        HttpTransport(f"http://127.0.0.1:{port}").request("GET", "/", endpoint="pull")
+    assert not info.value.ambiguous and cause(info).kind == "refused"
+
+
+def test_no_answer_within_the_read_timeout_may_have_been_sent(server: RawServer) -> None:
+    server.behaviours[b"slow"] = never_answer
+    transport = HttpTransport(server.url, read_timeout=0.3)
+    transport.request("POST", "/r", endpoint="r", data=b"warm")  # a new connection may add its connect time
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        transport.request("POST", "/r", endpoint="r", data=b"slow")
+    assert time.monotonic() - started < 2  # the read timeout, not the server's 5 s
+    assert info.value.ambiguous and cause(info).kind == "read_timeout"
+
+
+def test_a_trickling_body_must_be_complete_within_the_read_timeout(server: RawServer) -> None:
+    def trickle(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):  # a byte every 50 ms: each read is quick, the whole takes 5 s
+            conn.sendall(b"x")
+            time.sleep(0.05)
+        return False
+
+    server.behaviours[b"trickle"] = trickle
+    transport = HttpTransport(server.url, read_timeout=0.4)
+    transport.request("POST", "/r", endpoint="r", data=b"warm")
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        transport.request("POST", "/r", endpoint="r", data=b"trickle")
+    assert time.monotonic() - started < 2  # not the 5 s the whole body takes
+    assert info.value.ambiguous and cause(info).kind == "body_timeout"
+
+
+def test_a_body_over_the_limit_is_cut_off_and_refused(server: RawServer) -> None:
+    def large(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n" + b"x" * 4096)
+        return True
+
+    server.behaviours[b"large"] = large
+    transport = HttpTransport(server.url, max_response_bytes=1024)
+    with pytest.raises(ProtocolViolationError, match="larger than 1024 bytes"):
+        transport.request("POST", "/r", endpoint="r", data=b"large")
+    assert transport.request("POST", "/r", endpoint="r", data=b"small").body == b"ok"
