@@ -14,6 +14,7 @@ __all__ = ["TARGETS", "render", "verdicts"]
 # Per figure: the test on the measured value and the target as the issue words it.
 TARGETS: dict[str, tuple[Callable[[float], bool], str]] = {
     "a_ratio": (lambda v: v >= 0.85, ">= 0.85"),
+    "a_first_pull": (lambda v: v <= 1.5, "first pull <= 1.5 s after start"),
     "b_above_minimum": (lambda v: v <= 3, "no call beyond the minimal worker's (slack: 3 end-of-run polls)"),
     "b_heartbeats": (lambda v: v <= 0.05, "<= 0.05 / job"),
     "c_writes": (lambda v: v <= 3, "<= 3 / job"),
@@ -58,6 +59,8 @@ def verdicts(results: dict[str, Any]) -> dict[str, str]:
         **fixed,
         "a_ratio": _verdict("a_ratio", (r.get("ratio") for r in tp)),
         "a_local_ratio": _verdict("a_ratio", (r.get("ratio") for r in results.get("local", {}).values())),
+        "a_first_pull": _verdict("a_first_pull", (path["median_s"] for paths in results.get("first_pull", {}).values()
+                                                  for path in paths.values())),
         "b_above_minimum": _verdict("b_above_minimum", (  # in calls over the run, per endpoint
             round(r["jobs"] * max(r.get("calls_above_minimal_worker", {}).values(), default=0.0))
             for r in tp)),
@@ -148,8 +151,9 @@ def _throughput(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
 def _local(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     """(a') ``serverless-worker local`` as it runs: the runtime on its SQLite state file."""
     lo, ps = _present(results, "local")
+    first, first_ps = _present(results, "first_pull")
     if not ps:
-        return []
+        return _first_pull(first, first_ps, marks)
     out = ["", "(a') local worker (serverless-worker local: SQLite state file) vs minimal worker, jobs/s"]
     rows = [
         _row("local worker", lo, ps, lambda r: _fmt(r["local_jobs_per_s"], 1)),
@@ -162,6 +166,20 @@ def _local(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     ]
     out += _table(["", *ps], rows)
     out.append(f"    target {marks['a_local_ratio']}; rounds in turn, minimal worker first, each on a fresh sandbox")
+    return out + _first_pull(first, first_ps, marks)
+
+
+def _first_pull(first: dict[str, Any], ps: list[str], marks: dict[str, str]) -> list[str]:
+    if not ps:
+        return []
+    runs = len(next(iter(next(iter(first.values())).values()))["runs"])
+    out = ["", f"(a'') serverless-worker local, start to first pull, s (median of {runs} starts)"]
+    rows = [_row(f"{path} path", first, ps, lambda r, path=path: _fmt(r[path]["median_s"]))
+            for path in next(iter(first.values()))]
+    out += _table(["", *ps], rows)
+    out.append("    short: short handlers only (no moto); long: a sliced handler too (moto's Step Functions "
+               "and Lambda start first)")
+    out.append(f"    target {marks['a_first_pull']}")
     return out
 
 

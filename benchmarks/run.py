@@ -7,8 +7,9 @@ runner's SQLite state file, as ``serverless-worker local`` runs it), latency, di
 rate, an idle tick and lone executor runs, all against moto (a fresh table each) but the
 local pair: throughput and dispatch rate against moto's server in a process of its own,
 as DynamoDB is remote from Lambda (``--dynamodb embedded`` puts the throughput runtime's
-in-process), the others against the embedded one; then the cold starts (fresh processes,
-nothing else running); then the cost model, which only does arithmetic.
+in-process), the others against the embedded one; then the DynamoDB write units; then,
+with nothing else running, ``serverless-worker local``'s time to its first pull and the
+cold starts (fresh processes); then the cost model, which only does arithmetic.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .harness import PROTOCOLS
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("throughput", "local", "latency", "dispatch", "idle", "coldstart", "write_units")
+STEPS = ("throughput", "local", "latency", "dispatch", "idle", "first_pull", "coldstart", "write_units")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     _measure_with_aws(args, results, defaults, jobs=jobs, concurrency=concurrency)
     if "write_units" not in args.skip:
         results["write_units"] = _write_units(args.protocols, jobs=30 if args.quick else 100)
+    if "first_pull" not in args.skip:
+        results["first_pull"] = _first_pull(args.protocols, repeat=1 if args.quick else 3)
     if "coldstart" not in args.skip:
         from .coldstart import FUNCTIONS, measure_coldstart
 
@@ -197,6 +200,25 @@ def _write_units(protocols: list[str], *, jobs: int) -> dict[str, Any]:
         row["usd_per_million_units"] = per_unit * 1e6
         row["usd_per_million_jobs"] = row["ledger_units_per_job"] * per_unit * 1e6
         measured[protocol] = row
+    return measured
+
+
+def _first_pull(protocols: list[str], *, repeat: int) -> dict[str, Any]:
+    """(a') Seconds from starting ``serverless-worker local`` to its first request, per path."""
+    import statistics
+    import tempfile
+
+    from .first_pull import CLI, HANDLERS, time_to_first_pull
+
+    measured: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="first-pull-") as tmp:
+        for protocol in protocols:
+            _say(f"{protocol}: first pull of serverless-worker local, {repeat} starts per path")
+            measured[protocol] = {}
+            for path in HANDLERS:
+                runs = [time_to_first_pull(protocol, path, cli=[CLI], cwd=ROOT, workdir=Path(tmp))
+                        for _ in range(repeat)]
+                measured[protocol][path] = {"median_s": statistics.median(runs), "runs": runs}
     return measured
 
 

@@ -243,8 +243,11 @@ def test_report_renders_and_judges_targets() -> None:
                                              "usd_per_million_units": 0.625, "ledger_item_bytes": 1100}},
                "local": {"priostack": {"local_jobs_per_s": 600.0, "minimal_jobs_per_s": 1000.0, "ratio": 0.6,
                                        "ratios": [0.55, 0.6, 0.9], "state_ops_per_job": {"write": 4.0},
-                                       "cpu_ms_per_job": {"local": 1.4, "minimal": 0.8}}}}
+                                       "cpu_ms_per_job": {"local": 1.4, "minimal": 0.8}}},
+               "first_pull": {"priostack": {"short": {"median_s": 0.61, "runs": [0.6, 0.61, 0.7]},
+                                            "long": {"median_s": 1.52, "runs": [1.4, 1.52, 1.6]}}}}
     marks = report.verdicts(results)
+    assert marks["a_first_pull"] == "first pull <= 1.5 s after start: NOT met"  # the long path's median
     assert marks["a_local_ratio"] == ">= 0.85: NOT met"  # the median, though one round met it
     assert marks["a_ratio"].endswith(": met") and marks["e_p50"].endswith(": met")
     assert marks["b_above_minimum"].endswith(": met")  # 3 calls in the run: within the slack
@@ -255,6 +258,9 @@ def test_report_renders_and_judges_targets() -> None:
     assert "(a) throughput" in text and "(g) scheduler dispatch rate" in text and "(d) cold start" not in text
     assert "(h) DynamoDB write units per job" in text and "4.38" in text
     assert "0.55 0.60 0.90" in text and "target >= 0.85: NOT met" in text
+    assert "start to first pull, s (median of 3 starts)" in text and "1.52" in text
+    assert report.verdicts({**results, "first_pull": {"priostack": {"short": {"median_s": 0.61, "runs": [0.61]}}}}
+                           )["a_first_pull"].endswith(": met")
 
 
 def test_percentile_is_nearest_rank() -> None:
