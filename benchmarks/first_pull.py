@@ -31,13 +31,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "time_to_first_pull"]
+__all__ = ["main", "measure_first_pull", "time_to_first_pull"]
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 CLI = str(Path(sys.executable).with_name("serverless-worker"))
+ROOT = Path(__file__).resolve().parent.parent
 KEY = "bench-first-pull-key"
 KEYS: dict[str, dict[str, Any]] = {
     "pipelogiq": {"api_keys": {KEY: 12}},
@@ -129,6 +131,25 @@ def _help(cli: list[str], cwd: Path) -> str:
     return _HELP[key]
 
 
+def measure_first_pull(protocols: Iterable[str], paths: Iterable[str], *, repeat: int, cli: list[str] | None = None,
+                       cwd: Path = ROOT, say: Callable[[str, str, dict[str, Any]], None] | None = None,
+                       ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per protocol and path: the median, least and most seconds to the first pull over
+    ``repeat`` starts, and each start's; ``say`` hears each row as it is measured."""
+    figures: dict[str, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="first-pull-") as tmp:
+        for protocol in protocols:
+            for path in paths:
+                runs = [time_to_first_pull(protocol, path, cli=cli or [CLI], cwd=cwd, workdir=Path(tmp))
+                        for _ in range(repeat)]
+                row = {"median_s": round(statistics.median(runs), 3), "min_s": round(min(runs), 3),
+                       "max_s": round(max(runs), 3), "runs": [round(r, 3) for r in runs]}
+                figures.setdefault(protocol, {})[path] = row
+                if say:
+                    say(protocol, path, row)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.first_pull", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,23 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=PROTOCOLS, action="append", help="default: all three")
     parser.add_argument("--path", choices=tuple(HANDLERS), action="append", help="default: short and long")
     parser.add_argument("--cli", help="the command to run instead of this environment's serverless-worker")
-    parser.add_argument("--cwd", type=Path, default=Path(__file__).resolve().parent.parent,
+    parser.add_argument("--cwd", type=Path, default=ROOT,
                         help="working directory of the command (default: this repository)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    cli = shlex.split(args.cli) if args.cli else [CLI]
-    figures: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="first-pull-") as tmp:
-        for protocol in args.protocol or PROTOCOLS:
-            for path in args.path or tuple(HANDLERS):
-                runs = [time_to_first_pull(protocol, path, cli=cli, cwd=args.cwd, workdir=Path(tmp))
-                        for _ in range(args.repeat)]
-                figures[f"{protocol}/{path}"] = {"median_s": round(statistics.median(runs), 3),
-                                                 "min_s": round(min(runs), 3), "max_s": round(max(runs), 3),
-                                                 "runs": [round(r, 3) for r in runs]}
-                row = figures[f"{protocol}/{path}"]
-                print(f"{protocol:<11} {path:<5} first pull after {row['median_s']:.2f} s "
-                      f"(median of {len(runs)}; {row['min_s']:.2f}-{row['max_s']:.2f} s)", flush=True)
+
+    def say(protocol: str, path: str, row: dict[str, Any]) -> None:
+        print(f"{protocol:<11} {path:<5} first pull after {row['median_s']:.2f} s "
+              f"(median of {len(row['runs'])}; {row['min_s']:.2f}-{row['max_s']:.2f} s)", flush=True)
+
+    figures = measure_first_pull(args.protocol or PROTOCOLS, args.path or tuple(HANDLERS), repeat=args.repeat,
+                                 cli=shlex.split(args.cli) if args.cli else None, cwd=args.cwd, say=say)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -204,22 +204,12 @@ def _write_units(protocols: list[str], *, jobs: int) -> dict[str, Any]:
 
 
 def _first_pull(protocols: list[str], *, repeat: int) -> dict[str, Any]:
-    """(a') Seconds from starting ``serverless-worker local`` to its first request, per path."""
-    import statistics
-    import tempfile
+    """(a'') Seconds from starting ``serverless-worker local`` to its first request, per path."""
+    from .first_pull import HANDLERS, measure_first_pull
 
-    from .first_pull import CLI, HANDLERS, time_to_first_pull
-
-    measured: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="first-pull-") as tmp:
-        for protocol in protocols:
-            _say(f"{protocol}: first pull of serverless-worker local, {repeat} starts per path")
-            measured[protocol] = {}
-            for path in HANDLERS:
-                runs = [time_to_first_pull(protocol, path, cli=[CLI], cwd=ROOT, workdir=Path(tmp))
-                        for _ in range(repeat)]
-                measured[protocol][path] = {"median_s": statistics.median(runs), "runs": runs}
-    return measured
+    _say(f"first pull of serverless-worker local, {repeat} starts per protocol and path")
+    return measure_first_pull(protocols, HANDLERS, repeat=repeat, say=lambda protocol, path, row: _say(
+        f"{protocol}: {path} path, first pull after {row['median_s']:.2f} s"))
 
 
 def _cost(results: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

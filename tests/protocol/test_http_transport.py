@@ -15,6 +15,7 @@ import pytest
 
 from serverless_worker.errors import ProtocolViolationError, ServerUnavailableError
 from serverless_worker.protocols._http import HttpTransport, TransportError
+from support.raw_http import read_request
 
 # What the server does with a request, chosen by its body: answer it, or misbehave.
 Behaviour = Callable[[socket.socket], bool]  # returns whether the connection stays open
@@ -47,20 +48,10 @@ class RawServer:
             self._exchange(conn)
 
     def _exchange(self, conn: socket.socket) -> None:
-        buffer = b""
+        rest = b""
         with conn:
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(buffer) < length:
-                    buffer += conn.recv(65536)
-                body, buffer = buffer[:length], buffer[length:]
+            while (request := read_request(conn, rest)) is not None:
+                body, rest = request
                 self.bodies.append(body)
                 if not self.behaviours.get(body, answer)(conn):
                     return

@@ -32,6 +32,7 @@ from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.protocols.priostack import PriostackClient
 from serverless_worker.runtime.entry import reset_services
 from serverless_worker.settings import Settings
+from support.raw_http import read_request
 from support.waiting import poll, wait_for
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
@@ -278,20 +279,8 @@ class RawServer:
         with conn:
             try:
                 conn.settimeout(5)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(body) < length:  # read the whole request: unread bytes make close() reset
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    body += chunk
+                if read_request(conn) is None:
+                    return
                 self.requests += 1
                 conn.sendall(self.raw)
                 deadline = time.monotonic() + 20
