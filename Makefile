@@ -159,7 +159,7 @@ dist: venv ## build the sdist and wheel into dist/, twine check them, install th
 	@rm -rf $(DIST); scratch=$$(mktemp -d); trap 'rm -rf "$$scratch"' EXIT; \
 		git ls-files -z pyproject.toml README.md CHANGELOG.md layers/runtime/serverless_worker \
 			| xargs -0 cp --parents -t "$$scratch"; \
-		$(VENV)/bin/python -m build --no-isolation --sdist --wheel --outdir "$(CURDIR)/$(DIST)" "$$scratch" >"$$scratch/build.log" \
+		$(VENV)/bin/python -m build --no-isolation --sdist --wheel --outdir "$(CURDIR)/$(DIST)" "$$scratch" >"$$scratch/build.log" 2>&1 \
 			|| { cat "$$scratch/build.log"; exit 1; }; \
 		$(VENV)/bin/twine check --strict $(DIST)/*; \
 		echo "installing $$(cd $(DIST) && ls *.whl) into a fresh venv"; \
