@@ -145,7 +145,7 @@ sam-validate: venv sam-venv ## sam validate --lint on template.yaml and on the p
 		echo "sam validate --lint on the template of serverless-worker init"; \
 		cd "$$project" && $(CURDIR)/$(SAM) validate --lint --region $(AWS_REGION); \
 		echo "sam build of the project of serverless-worker init"; \
-		$(CURDIR)/$(SAM) build >build.log 2>&1 || { cat build.log; exit 1; }; \
+		PATH="$(dir $(PYTHON)):$$PATH" $(CURDIR)/$(SAM) build >build.log 2>&1 || { cat build.log; exit 1; }; \
 		test -f .aws-sam/build/RuntimeLayer/python/serverless_worker/__init__.py; \
 		test -f .aws-sam/build/ExecutorFunction/app.py; \
 		echo "ok: the layer holds serverless_worker from vendor/, the functions their code"
