@@ -147,8 +147,12 @@ sam-validate: venv sam-venv ## sam validate --lint on template.yaml and on the p
 		echo "sam build of the project of serverless-worker init"; \
 		PATH="$(dir $(PYTHON)):$$PATH" $(CURDIR)/$(SAM) build >build.log 2>&1 || { cat build.log; exit 1; }; \
 		test -f .aws-sam/build/RuntimeLayer/python/serverless_worker/__init__.py; \
-		test -f .aws-sam/build/ExecutorFunction/app.py; \
-		echo "ok: the layer holds serverless_worker from vendor/, the functions their code"
+		$(PYTHON) -I -c \
+			"import sys; sys.path[:0] = ['.aws-sam/build/ExecutorFunction', '.aws-sam/build/RuntimeLayer/python']; \
+			import app, handlers, serverless_worker as sw; \
+			assert '/.aws-sam/build/RuntimeLayer/python/serverless_worker/' in sw.__file__, sw.__file__; \
+			assert callable(app.executor) and callable(app.scheduler) and callable(app.drain); \
+			print('ok: the built layer holds serverless_worker', sw.__version__, 'from vendor/; app and handlers import on it')"
 
 # The release: sdist and wheel in dist/, `twine check --strict` on both, then the wheel
 # installed into a fresh venv (its dependencies from PyPI), imported, and its command run.
