@@ -58,7 +58,7 @@ define fresh_venv
 	@rm -f $(1)/.installed-*
 endef
 
-.PHONY: help venv sam-venv checkov-venv test test-deployed run bench lint ruff mypy sam-validate sam-build sam-local-invoke iam-scan clean distclean
+.PHONY: help venv sam-venv checkov-venv test test-deployed run bench lint ruff mypy dist sam-validate sam-build sam-local-invoke iam-scan clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -135,13 +135,43 @@ ruff: venv ## ruff on everything
 mypy: venv ## mypy on the package
 	$(VENV)/bin/mypy
 
-sam-validate: venv sam-venv ## sam validate --lint on template.yaml and on the template `serverless-worker init` writes; check_versions.py
+# The project `serverless-worker init` writes is validated and built too: its layer installs
+# serverless-worker from the wheel init puts in its vendor/ (the rest of the layer from PyPI).
+sam-validate: venv sam-venv ## sam validate --lint on template.yaml and on the project `serverless-worker init` writes (and sam build of it); check_versions.py
 	$(SAM) validate --lint --region $(AWS_REGION)
 	$(SAM_VENV)/bin/python scripts/check_versions.py template.yaml
 	@project=$$(mktemp -d)/my-worker; trap 'rm -rf "$$(dirname "$$project")"' EXIT; \
 		$(VENV)/bin/serverless-worker init "$$project" >/dev/null; \
 		echo "sam validate --lint on the template of serverless-worker init"; \
-		cd "$$project" && $(CURDIR)/$(SAM) validate --lint --region $(AWS_REGION)
+		cd "$$project" && $(CURDIR)/$(SAM) validate --lint --region $(AWS_REGION); \
+		echo "sam build of the project of serverless-worker init"; \
+		PATH="$(dir $(PYTHON)):$$PATH" $(CURDIR)/$(SAM) build >build.log 2>&1 || { cat build.log; exit 1; }; \
+		test -f .aws-sam/build/RuntimeLayer/python/serverless_worker/__init__.py; \
+		$(PYTHON) -I -c \
+			"import sys; sys.path[:0] = ['.aws-sam/build/ExecutorFunction', '.aws-sam/build/RuntimeLayer/python']; \
+			import app, handlers, serverless_worker as sw; \
+			assert '/.aws-sam/build/RuntimeLayer/python/serverless_worker/' in sw.__file__, sw.__file__; \
+			assert callable(app.executor) and callable(app.scheduler) and callable(app.drain); \
+			print('ok: the built layer holds serverless_worker', sw.__version__, 'from vendor/; app and handlers import on it')"
+
+# The release: sdist and wheel in dist/, `twine check --strict` on both, then the wheel
+# installed into a fresh venv (its dependencies from PyPI), imported, and its command run.
+# Built without isolation (setuptools and wheel are dev dependencies), on a copy of the
+# sources, so the tree gets no build/.
+DIST ?= dist
+dist: venv ## build the sdist and wheel into dist/, twine check them, install the wheel in a fresh venv and run it
+	@rm -rf $(DIST); scratch=$$(mktemp -d); trap 'rm -rf "$$scratch"' EXIT; \
+		git ls-files -z pyproject.toml README.md CHANGELOG.md layers/runtime/serverless_worker \
+			| xargs -0 cp --parents -t "$$scratch"; \
+		$(VENV)/bin/python -m build --no-isolation --sdist --wheel --outdir "$(CURDIR)/$(DIST)" "$$scratch" >"$$scratch/build.log" 2>&1 \
+			|| { cat "$$scratch/build.log"; exit 1; }; \
+		$(VENV)/bin/twine check --strict $(DIST)/*; \
+		echo "installing $$(cd $(DIST) && ls *.whl) into a fresh venv"; \
+		$(PYTHON) -m venv "$$scratch/venv"; \
+		"$$scratch/venv/bin/python" -m pip install -qq $(DIST)/*.whl; \
+		cd "$$scratch" && ./venv/bin/python -c "import serverless_worker, sys; print('import serverless_worker', serverless_worker.__version__)"; \
+		./venv/bin/serverless-worker --help >/dev/null && echo "serverless-worker --help: ok"; \
+		ls -1 "$(CURDIR)/$(DIST)"
 
 sam-build: sam-venv ## sam build for ARCHITECTURE (x86_64 or arm64) with python3.13, then check the bytecode
 	$(SAM) build --parameter-overrides Architecture=$(ARCHITECTURE)
@@ -167,7 +197,7 @@ iam-scan: sam-venv checkov-venv ## scan template.yaml's IAM and resources with c
 		--external-checks-dir scripts/checkov -f template.yaml -f $(IAM_SCAN_CFN)
 
 clean: ## remove build output and caches (keeps the venvs)
-	rm -rf .aws-sam .pytest_cache .mypy_cache .ruff_cache layers/runtime/*.egg-info
+	rm -rf .aws-sam .pytest_cache .mypy_cache .ruff_cache layers/runtime/*.egg-info $(DIST)
 	find . -path ./$(VENV) -prune -o -path ./$(SAM_VENV) -prune -o -path ./$(CHECKOV_VENV) -prune \
 		-o -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -2,7 +2,7 @@
 
 Lambda runs in-process: ``LambdaSimpleBackend.invoke`` is replaced so every invoke (boto3
 ``RequestResponse``/``Event`` and the state machine's Task states) calls a registered Python
-function with a Lambda-like context. Findings and caveats: ``docs/moto-notes.md``.
+function with a Lambda-like context. Findings and caveats: ``docs/contributing/moto-notes.md``.
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def test_lambda_invoke_request_response_error_and_event(aws: Aws) -> None:
 
 
 def test_known_moto_divergences_still_present(aws: Aws) -> None:
-    """Canaries: when one fails after a moto upgrade, revisit the workaround in docs/moto-notes.md."""
+    """Canaries: when one fails after a moto upgrade, revisit the workaround in docs/contributing/moto-notes.md."""
     from moto.stepfunctions.parser.asl.utils.json_path import extract_json
 
     assert extract_json("$.work[0].done", {"work": [{"done": True}]}) == [True]  # AWS: True

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from serverless_worker.errors import ConfigurationError
-from serverless_worker.local.handler_module import load_local_handlers, resolve_handler_module
-from serverless_worker.registry import default_registry
+from serverless_worker.local.handler_module import code_directories, load_local_handlers, resolve_handler_module
+from serverless_worker.registry import HandlerRegistry, default_registry, load_handlers
 
 HANDLERS = '''
 from serverless_worker import handler
@@ -91,3 +91,42 @@ def test_an_unknown_name_names_both_places_it_looked(project: Path, workdir: Pat
         resolve_handler_module("no_such_handlers_module", project)
 
     assert str(workdir) in str(caught.value) and str(project) in str(caught.value)
+
+
+def test_a_handler_file_imports_a_module_beside_it_as_in_lambda(project: Path, workdir: Path) -> None:
+    # given a handler file in its own directory, importing a module that sits beside it
+    here = workdir / "jobs_elsewhere"
+    here.mkdir()
+    (here / "shout_helper_4c1.py").write_text("def shout(text):\n    return text.upper()\n")
+    (here / "loud.py").write_text("import shout_helper_4c1\n\nfrom serverless_worker import handler\n\n\n"
+                                  "@handler('loud')\ndef loud(job):\n    return shout_helper_4c1.shout('hi')\n")
+
+    # when it is loaded for a local run
+    with default_registry.isolated():
+        registry = load_local_handlers(str(here / "loud.py"), project, ["loud"])
+
+    # then the import resolved, and the directories Lambda would have are on the path
+    assert "loud" in registry
+    assert code_directories(str(here / "loud.py"), project) == [(project / "functions").resolve(), here.resolve()]
+
+
+def test_every_module_of_a_handler_package_is_loaded_and_an_empty_one_named(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # given a package whose __init__ imports nothing, a module with a handler, one without,
+    # and a private helper that would fail if it were imported
+    package = tmp_path / "pkg_discovery_91a"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""Nothing imported here."""\n')
+    (package / "greet.py").write_text(HANDLERS)
+    (package / "notes.py").write_text("LIMIT = 3\n")
+    (package / "_private.py").write_text("raise RuntimeError('never imported')\n")
+
+    # when the package is loaded
+    with default_registry.isolated(), caplog.at_level("WARNING", logger="serverless_worker.registry"):
+        registry = HandlerRegistry()
+        load_handlers(package, registry)
+
+    # then the handler in greet.py registered, notes.py is named once, _private.py never ran
+    assert registry.names() == ["greet"]
+    named = [r.getMessage() for r in caplog.records if "registers no @handler" in r.getMessage()]
+    assert len(named) == 1 and str(package / "notes.py") in named[0], named

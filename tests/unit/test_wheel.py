@@ -61,3 +61,9 @@ def test_the_wheel_holds_the_package_and_the_console_script(tmp_path: Path) -> N
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "functions/"))]
     assert "[console_scripts]\nserverless-worker = serverless_worker.cli:main" in entry_points
     assert f"\nVersion: {VERSION}\n" in metadata and "\nName: serverless-worker\n" in metadata
+
+
+def test_the_changelog_heads_its_newest_release_with_the_one_version() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    releases = [line for line in changelog.splitlines() if line.startswith("## [") and "Unreleased" not in line]
+    assert releases and releases[0].startswith(f"## [{VERSION}]"), releases[:1]

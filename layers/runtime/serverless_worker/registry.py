@@ -22,7 +22,9 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
+import pkgutil
 import re
 import sys
 import threading
@@ -52,6 +54,8 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_log = logging.getLogger(__name__)
 
 SPEC_ATTRIBUTE = "__serverless_worker_handler__"
 # Safe as a Pipelogiq handler name, a Priostack job type and a claim-queue URL segment.
@@ -313,6 +317,9 @@ def load_handlers(module_or_path: str | Path, registry: HandlerRegistry | None =
     directory. Files load under a private module name through
     ``importlib.util.spec_from_file_location``; ``sys.path`` is never changed, so a
     package directory is the way to load several modules with relative imports.
+    In a package every module beside ``__init__.py`` is imported too (names starting with
+    ``_`` excepted), so a new file in ``functions/handlers/`` registers its handlers without
+    an import in ``__init__.py``; one that registers none is named in a warning.
     Loading the same module again does not re-run it; its handlers are re-registered
     (after a ``registry.clear()``, for instance).
     """
@@ -321,14 +328,35 @@ def load_handlers(module_or_path: str | Path, registry: HandlerRegistry | None =
     is_path = isinstance(module_or_path, Path) or text.endswith(".py") or "/" in text or "\\" in text
     try:
         module = _import_path(Path(text)) if is_path else importlib.import_module(text)
+        discovered = _import_package_modules(module)
     except ConfigurationError:
         raise
     except Exception as err:
         raise ConfigurationError(
             f"could not load handler module {text!r}: {type(err).__name__}: {err}") from err
-    for spec in _declared_specs(module):
+    specs = _declared_specs(module)
+    for sub in discovered:
+        if not any(_defined_in(spec, sub.__name__) for spec in specs):
+            _log.warning("handler module %s registers no @handler functions (a helper module there can be "
+                         "named with a leading underscore, which keeps it out of the handler modules)",
+                         getattr(sub, "__file__", None) or sub.__name__)
+    for spec in specs:
         target.register(spec)
     return module
+
+
+def _import_package_modules(package: ModuleType) -> list[ModuleType]:
+    """Import every module directly in a handler package (not those named ``_x``), in name order."""
+    locations = getattr(package, "__path__", None)
+    if locations is None:
+        return []
+    names = sorted(info.name for info in pkgutil.iter_modules(locations) if not info.name.startswith("_"))
+    return [importlib.import_module(f"{package.__name__}.{name}") for name in names]
+
+
+def _defined_in(spec: HandlerSpec, module_name: str) -> bool:
+    defined = getattr(spec.fn, "__module__", None) or ""
+    return defined == module_name or defined.startswith(module_name + ".")
 
 
 def _import_path(path: Path) -> ModuleType:

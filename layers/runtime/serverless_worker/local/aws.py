@@ -5,7 +5,7 @@ Functions interpreter, whose Task states call the project's steps in this proces
 runner's own DynamoDB client reaches the same table through moto's handler in-process
 (``call_in_process``); the server answers everything else (the interpreter, ``aws`` CLI).
 
-Quirks handled here are in docs/moto-notes.md (sections 1, 2 and 6): ``MOTO_PORT`` for
+Quirks handled here are in docs/contributing/moto-notes.md (sections 1, 2 and 6): ``MOTO_PORT`` for
 the interpreter's own calls and substitutions applied before ``create_state_machine``;
 every patch on moto's internals (the in-process ``invoke``, definite JSONPaths, DynamoDB
 requests made atomic) comes from ``moto_adapter``, which checks moto's version first.

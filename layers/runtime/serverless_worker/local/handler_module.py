@@ -6,17 +6,23 @@ file. Relative paths and dotted names are looked for in the working directory fi
 where the user typed them (``my_handlers`` is ``./my_handlers.py``, without needing
 ``PYTHONPATH=.``), then in the project (``<root>``, ``<root>/functions``), since
 ``functions/`` is not an installed package, and a dotted name last as an installed module.
+
+Imports then resolve as in Lambda, where the code root is on the path: the project's
+``functions/`` and the directory of the handler module (of a package: the directory
+holding it) join ``sys.path``, so ``import util`` beside a handler works here too. In a
+handler package every module is loaded (:func:`serverless_worker.registry.load_handlers`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from ..errors import ConfigurationError
 from ..registry import HandlerRegistry, load_handlers
 
-__all__ = ["load_local_handlers", "resolve_handler_module"]
+__all__ = ["code_directories", "load_local_handlers", "resolve_handler_module"]
 
 
 def _is_path(text: str) -> bool:
@@ -64,10 +70,23 @@ def resolve_handler_module(name: str, root: Path, cwd: Path | None = None) -> st
                              f"in {here} or under {root}")
 
 
+def code_directories(resolved: str, root: Path) -> list[Path]:
+    """What Lambda would have on the path for this handler module: the code root
+    (``<root>/functions``, the template's ``CodeUri``) and the module's own directory."""
+    found = [(root / "functions").resolve()] if (root / "functions").is_dir() else []
+    if _is_path(resolved) and (here := Path(resolved).resolve().parent) not in found:
+        found.append(here)
+    return found
+
+
 def load_local_handlers(module: str, root: Path, wanted: list[str]) -> HandlerRegistry:
     """A registry with the handlers ``module`` declares; every name in ``wanted`` must be among them."""
     registry = HandlerRegistry()
-    load_handlers(resolve_handler_module(module, root), registry)
+    resolved = resolve_handler_module(module, root)
+    for directory in code_directories(resolved, root):
+        if str(directory) not in sys.path:
+            sys.path.append(str(directory))
+    load_handlers(resolved, registry)
     if not len(registry):
         raise ConfigurationError(f"SW_HANDLER_MODULE: {module!r} registers no @handler functions")
     missing = [name for name in wanted if name not in registry]

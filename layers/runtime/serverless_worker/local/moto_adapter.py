@@ -1,7 +1,7 @@
 """Every patch on moto's private internals, in one place, for the moto versions it was written against.
 
 The local runner, the AWS test tier and the benchmarks run the project's Lambda code and
-ASL inside moto. That needs a few changes to how moto behaves (docs/moto-notes.md says why
+ASL inside moto. That needs a few changes to how moto behaves (docs/contributing/moto-notes.md says why
 each one exists): Lambda invoked in this process, Step Functions retries that need not
 sleep, definite JSONPaths evaluated as AWS does, DynamoDB requests made atomic and cheaper,
 executions stopped for good. Each reaches into a module moto does not promise to keep, so

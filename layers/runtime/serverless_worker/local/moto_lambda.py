@@ -1,5 +1,5 @@
 """Run the project's Lambda code inside moto: an in-process replacement for
-``LambdaSimpleBackend.invoke`` with a Lambda-like context (see docs/moto-notes.md).
+``LambdaSimpleBackend.invoke`` with a Lambda-like context (see docs/contributing/moto-notes.md).
 
 ``moto_adapter.route_lambda_invoke`` installs it. Used by the local runner (the state
 machine's Task states call the steps entry point through it) and by the AWS test tier

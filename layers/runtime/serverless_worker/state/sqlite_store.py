@@ -529,7 +529,7 @@ class SqliteStateStore:
                    deadline: float) -> list[str | None]:
         """Every delivery with no item yet, in one transaction: a pulled batch costs one
         commit and one wait, where a write per delivery cost a commit, a wait and a thread
-        hand-off each (docs/local-development.md: an eighth of the local worker's CPU a
+        hand-off each (docs/contributing/performance-history.md: an eighth of the local worker's CPU a
         job on Priostack). ``None`` for the others, and for one too large to record:
         ``record_delivery`` decides (and raises) for those."""
         self._maybe_sweep()
