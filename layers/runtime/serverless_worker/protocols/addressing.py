@@ -16,7 +16,12 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["AddressTally"]
+__all__ = ["UNADDRESSABLE_PER_PULL", "AddressTally"]
+
+# How many unaddressable deliveries one pull takes beyond what it was asked for: they use
+# no capacity (nothing runs), so a broken message never hides the good ones behind it, but
+# a pull stays bounded against a server that hands out nothing else.
+UNADDRESSABLE_PER_PULL = 10
 
 
 class AddressTally:

@@ -42,7 +42,7 @@ from ..errors import (
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
-from .addressing import AddressTally
+from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import Delivery, Lease, PullRequest, ReportReceipt
 from .claimqueue_models import (
     ClaimAnswer,
@@ -171,7 +171,7 @@ class ClaimQueueClient(HttpProtocolClient):
         collected: list[Delivery] = []
         lacks: list[str] = []  # what each claim we could not address lacked
         reconnected = False
-        while len(collected) < request.max_items:
+        while len(collected) < request.max_items and len(lacks) < UNADDRESSABLE_PER_PULL:
             try:
                 delivery = self._claim_one(queue, request.criteria)
             except ProtocolError as err:

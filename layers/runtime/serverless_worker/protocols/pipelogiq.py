@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
-from .addressing import AddressTally
+from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import (
     Delivery,
     Lease,
@@ -267,7 +267,8 @@ class PipelogiqClient(HttpProtocolClient):
         are ours now) and leaves the error to the next pull.
 
         Deliveries that cannot be addressed are never acknowledged away (see
-        :meth:`_settle_unaddressable`); when no delivery so far could be addressed, the
+        :meth:`_settle_unaddressable`) and use no capacity: up to UNADDRESSABLE_PER_PULL
+        more are pulled in their place; when no delivery so far could be addressed, the
         server speaks another protocol version and UnsupportedServerError says what it
         lacks.
         """
@@ -275,7 +276,9 @@ class PipelogiqClient(HttpProtocolClient):
         wait = int(min(MAX_WAIT_SECONDS, max(0.0, request.wait_seconds)))
         deliveries: list[Delivery] = []
         unaddressable: list[_Unaddressable] = []
-        for _ in range(request.max_items):
+        for _ in range(request.max_items + UNADDRESSABLE_PER_PULL):
+            if len(deliveries) >= request.max_items:
+                break
             body = PullBody(queue=queue, waitSeconds=wait).wire()
             try:
                 response = self._transport.request("POST", "/jobs/pull", endpoint="pull", json_body=body,
