@@ -129,3 +129,46 @@ def test_a_delivery_with_an_unusable_field_gets_its_definite_outcome_with_the_re
         [other] = [job for job in jobs if job is not broken]
         assert other["status"] == "finished" and other["result"] == {"value": other["item"]["n"] * 2}
     assert result.returncode == 0, result
+
+
+def doctor(url: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """``serverless-worker doctor`` against ``url``; its report as ``{check name: line}``."""
+    (tmp_path / "my_handlers.py").write_text(HANDLERS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")}
+    env["TEST_KEY"] = SECRET
+    result = subprocess.run([str(CLI), "doctor", "--protocol", "pipelogiq", "--url", url, "--api-key-env",
+                             "TEST_KEY", "--handler-module", "my_handlers.py"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    report = {line.split()[1]: line for line in result.stdout.splitlines()[1:]}
+    return result, report
+
+
+def test_doctor_names_an_older_pipelogiq_server_one_line_per_finding(sandbox: Callable[..., Any],
+                                                                      tmp_path: Path) -> None:
+    # given the older public release, with a job waiting
+    server, admin = sandbox("pipelogiq", legacy=True)
+    admin.seed({"handler": "double", "inputs": [{"n": 1}]})
+
+    # when doctor checks it
+    result, report = doctor(server.url, tmp_path)
+
+    # then the key is accepted, and each missing part of the 0.5.0 protocol is its own failed line
+    assert result.returncode == 1, result
+    assert report["server"].split()[0] == "ok"
+    assert report["lease"].split()[0] == "FAIL" and "answered 404" in report["lease"], report
+    assert "no lease API" in report["lease"]
+    assert report["long-poll"].split()[0] == "FAIL" and "ignores waitSeconds" in report["long-poll"], report
+    # and it took nothing: the job was never delivered
+    [job] = admin.jobs()
+    assert [h["event"] for h in job["history"]] == ["execution_created"]
+
+
+def test_doctor_finds_the_lease_api_and_the_long_poll_on_a_current_server(sandbox: Callable[..., Any],
+                                                                          tmp_path: Path) -> None:
+    server, _admin = sandbox("pipelogiq")
+
+    result, report = doctor(server.url, tmp_path)
+
+    assert result.returncode == 0, result
+    assert report["lease"].split()[0] == "ok" and "answered 400" in report["lease"], report
+    assert report["long-poll"].split()[0] == "ok", report

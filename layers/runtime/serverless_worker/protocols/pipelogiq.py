@@ -473,6 +473,15 @@ class PipelogiqClient(HttpProtocolClient):
         raise LeaseRefusedError(reason, action=REFUSAL_ACTIONS.get(reason, "leave"), endpoint=label,
                                 job_id=delivery.job_id)
 
+    def lease_api_status(self) -> int:
+        """The status of a lease renewal that names no execution: it can take or extend no
+        lease, a 0.5.0 server refuses it (400), and an older release, which has no lease
+        API, answers 404. For ``serverless-worker doctor``; never retried."""
+        body = {"workerId": self._require_session().worker_id}
+        response = self._transport.request("POST", "/stages/0/lease/renew", endpoint="lease.renew",
+                                           json_body=body, headers=self._session_headers())
+        return response.status
+
     # -- result --------------------------------------------------------------------------------
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
         """Post the result (202), retrying 5xx, 429 and unknown outcomes with the same bytes.
