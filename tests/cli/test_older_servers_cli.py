@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from support.waiting import wait_for
+
 pytestmark = pytest.mark.cli
 
 CLI = Path(sys.executable).with_name("serverless-worker")
@@ -172,3 +174,36 @@ def test_doctor_finds_the_lease_api_and_the_long_poll_on_a_current_server(sandbo
     assert result.returncode == 0, result
     assert report["lease"].split()[0] == "ok" and "answered 400" in report["lease"], report
     assert report["long-poll"].split()[0] == "ok", report
+
+
+def test_an_older_server_whose_jobs_arrive_after_empty_pulls_still_ends_the_run_with_exit_2(
+        sandbox: Callable[..., Any], tmp_path: Path) -> None:
+    # given the older release with an empty queue, so the worker's first pulls go through
+    server, admin = sandbox("pipelogiq", legacy=True)
+    (tmp_path / "my_handlers.py").write_text(HANDLERS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")}
+    env["TEST_KEY"] = SECRET
+    proc = subprocess.Popen(
+        [str(CLI), "local", "--protocol", "pipelogiq", "--url", server.url, "--api-key-env", "TEST_KEY",
+         "--handler-module", "my_handlers.py", "--handlers", "double", "--until-idle", "60"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: server.sandbox.calls["pull"] >= 1, 60, "the worker's first pull")
+
+        # when jobs arrive
+        admin.seed({"handler": "double", "inputs": [{"n": 1}, {"n": 2}]})
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+    # then the run drains and ends with exit 2 and the line naming what the server lacks
+    assert proc.returncode == 2, stdout + stderr
+    said = " ".join(stdout.split())  # the console wraps long lines
+    assert f"serverless-worker local: the job server cannot be worked: {LEGACY_LINE}" in said, stdout + stderr
+    # and the jobs are queued on the server again, never acknowledged away
+    for job in admin.jobs():
+        events = [h["event"] for h in job["history"]]
+        assert "ack" not in events and events[-1] == "requeue", events
+    assert admin.overview()["inFlight"] == 0
