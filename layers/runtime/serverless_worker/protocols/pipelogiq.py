@@ -174,6 +174,7 @@ class PipelogiqClient(HttpProtocolClient):
         self._session_ttl = session_ttl_seconds
         self._session: SessionState | None = None
         self._tally = AddressTally()
+        self._lease_api_missing: bool | None = None  # None: not asked yet (see _lacks_lease_api)
 
     def _repr_fields(self) -> Mapping[str, object]:
         return {"worker_id": self._session.worker_id if self._session else None}
@@ -268,9 +269,9 @@ class PipelogiqClient(HttpProtocolClient):
 
         Deliveries that cannot be addressed are never acknowledged away (see
         :meth:`_settle_unaddressable`) and use no capacity: up to UNADDRESSABLE_PER_PULL
-        more are pulled in their place; when no delivery so far could be addressed, the
-        server speaks another protocol version and UnsupportedServerError says what it
-        lacks.
+        more are pulled in their place. When no delivery so far could be addressed and
+        the lease API is missing, the server is an older release and
+        UnsupportedServerError says what it lacks.
         """
         queue = self.queue_for(request.handler)
         wait = int(min(MAX_WAIT_SECONDS, max(0.0, request.wait_seconds)))
@@ -310,28 +311,40 @@ class PipelogiqClient(HttpProtocolClient):
     def _settle_unaddressable(self, queue: str, addressed: int, unaddressable: list[_Unaddressable]) -> None:
         """Deliveries that name no stage execution can be neither leased nor reported, and
         are never acknowledged with ``requeue:false`` (that would drop the job while its
-        stage waits for a result). Among addressable ones, each is left unacknowledged:
-        the document's visibility timeout ("an expiry sweep attempts to requeue overdue
-        deliveries") returns it, paced by that timeout, where ``requeue:true`` would hand
-        the same broken message straight back to the next pull. When *no* delivery so far
-        could be addressed, this worker stops pulling (UnsupportedServerError) and returns
-        what it took with ``requeue:true``, as the document says to return unstarted work,
-        so that the jobs are visible at once to a worker that can address them.
+        stage waits for a result). Each is left unacknowledged: the document's visibility
+        timeout ("an expiry sweep attempts to requeue overdue deliveries") returns it, paced
+        by that timeout, where ``requeue:true`` would hand the same broken message straight
+        back to the next pull.
+
+        When no delivery so far could be addressed and the server has no lease API (404,
+        asked once), it is an older release: this worker stops pulling
+        (UnsupportedServerError) and returns what it took with ``requeue:true``, as the
+        document says to return unstarted work, so the jobs are visible again at once.
         """
         lack = self._tally.note(addressed, [item.lacks for item in unaddressable])
-        if lack is None:
+        if lack is None or not self._lacks_lease_api():
             for item in unaddressable:  # what is wrong, never the payload
                 log.error("pipelogiq delivery %s on %s cannot be addressed (%s); not acknowledged: the "
                           "server's visibility timeout returns it", item.message_id, queue, item.reason)
             return
         returned = sum(1 for item in unaddressable if item.token is not None and self._return_token(item.token))
-        if lack == "no executionId":
-            why = "this server speaks a Pipelogiq worker protocol older than the lease API"
-        else:
-            why = "this server does not speak the Pipelogiq 0.5.0 worker protocol"
         raise UnsupportedServerError(
-            f"deliveries carry {lack}: {why} ({returned} of the {len(unaddressable)} taken handed back "
-            "with requeue:true, none acknowledged away)")
+            f"deliveries carry {lack}: this server speaks a Pipelogiq worker protocol older than the lease "
+            f"API (its lease endpoint answers 404; {returned} of the {len(unaddressable)} deliveries taken "
+            "handed back with requeue:true, none acknowledged away)")
+
+    def _lacks_lease_api(self) -> bool:
+        """Whether the server answers 404 to the lease API (asked once per client): what
+        tells an older release from a 0.5.0 server that sent a broken message."""
+        if self._lease_api_missing is None:
+            try:
+                status = self.lease_api_status()
+            except ProtocolError as err:
+                log.warning("pipelogiq lease API probe failed (asked again at the next unaddressable pull): %s",
+                            err)
+                return False
+            self._lease_api_missing = status == 404
+        return self._lease_api_missing
 
     def _return_token(self, token: SecretStr) -> bool:
         """Hand an unaddressable delivery back (``requeue:true``); False when that failed
