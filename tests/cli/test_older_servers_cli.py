@@ -100,22 +100,25 @@ def test_one_delivery_without_execution_id_among_good_ones_is_never_acked_away(
     assert "cannot be addressed" in result.stderr and "not acknowledged" in result.stderr
 
 
-@pytest.mark.parametrize(("protocol", "seed", "fault"), [
+CLAIMS = {"queue": "double", "items": [{"n": 1}, {"n": 2}]}
+
+
+@pytest.mark.parametrize(("protocol", "seed", "fault", "transport"), [
     ("priostack", {"jobs": [{"type": "double", "variables": {"n": n}, "retries": 3} for n in (1, 2)]},
-     {"endpoint": "activate", "field": "retries", "value": "three"}),
-    ("claimqueue", {"queue": "double", "items": [{"n": 1}, {"n": 2}]},
-     {"endpoint": "claim", "field": "attempts", "value": 0}),
-], ids=["priostack-retries", "claimqueue-attempts"])
+     {"endpoint": "activate", "field": "retries", "value": "three"}, "http"),
+    ("claimqueue", CLAIMS, {"endpoint": "claim", "field": "attempts", "value": 0}, "http"),
+    ("claimqueue", CLAIMS, {"endpoint": "claim", "field": "lease", "value": "soon"}, "socket"),
+], ids=["priostack-retries", "claimqueue-attempts", "claimqueue-socket-lease"])
 def test_a_delivery_with_an_unusable_field_gets_its_definite_outcome_with_the_reason(
-        protocol: str, seed: dict[str, Any], fault: dict[str, Any], sandbox: Callable[..., Any],
-        tmp_path: Path) -> None:
+        protocol: str, seed: dict[str, Any], fault: dict[str, Any], transport: str,
+        sandbox: Callable[..., Any], tmp_path: Path) -> None:
     # given a server whose first delivery carries one unusable field, its key or id intact
     server, admin = sandbox(protocol)
     admin.seed(seed)
     admin.faults([{"kind": "corrupt_delivery", "count": 1, **fault}])
 
     # when the worker runs until idle
-    result = local(protocol, server.url, tmp_path, "--until-idle", "2")
+    result = local(protocol, server.url, tmp_path, "--until-idle", "2", "--transport", transport)
 
     # then the good job ran, and the broken one got the protocol's definite outcome naming the field
     jobs = admin.jobs()

@@ -309,7 +309,13 @@ class ClaimQueueClient(HttpProtocolClient):
     # -- plumbing ------------------------------------------------------------------------
     def _claim_one(self, queue: str, criteria: dict[str, Any] | None) -> Delivery | str | None:
         if self.transport == "socket":
-            item, connection = self._socket(queue).claim(self.worker_id, criteria)
+            from .claimqueue_socket import UnreadableItemError
+
+            try:
+                item, connection = self._socket(queue).claim(self.worker_id, criteria)
+            except UnreadableItemError as err:
+                return self._unusable_claim(queue, {"id": err.item_id, "item": err.item}, err,
+                                            connection=err.connection)
             if item is None:
                 return None
             return self._delivery(queue, item.id, item.item, item.attempts, item.lease, connection)
@@ -323,7 +329,8 @@ class ClaimQueueClient(HttpProtocolClient):
             return None
         return self._delivery(queue, answer.id, answer.item, answer.attempts, answer.lease, None)
 
-    def _unusable_claim(self, queue: str, data: dict[str, Any], err: ProtocolViolationError) -> Delivery | str:
+    def _unusable_claim(self, queue: str, data: dict[str, Any], err: ProtocolViolationError, *,
+                        connection: str | None = None) -> Delivery | str:
         """A claim answer with an item we cannot fully read. With a usable id it becomes a
         Delivery carrying ``wire["invalid"]``, so the runtime finishes the item with an
         in-band error result (a definite outcome); without one it cannot be reported at
@@ -336,9 +343,11 @@ class ClaimQueueClient(HttpProtocolClient):
             return "no item id" if raw_id is None else f"an unusable item id ({type(raw_id).__name__})"
         log.error("item %s claimed from %s is malformed (%s); it is finished with an error result", item_id,
                   queue, err)
+        wire: dict[str, Any] = {"queue": queue, "transport": self.transport, "invalid": str(err)}
+        if connection is not None:
+            wire["connection"] = connection
         return Delivery(protocol=self.name, handler=queue, job_id=item_id, ledger_id=f"{item_id}:0",
-                        payload=data.get("item"), wire={"queue": queue, "transport": self.transport,
-                                                         "invalid": str(err)})
+                        payload=data.get("item"), wire=wire)
 
     def _delivery(self, queue: str, item_id: str, item: Any, attempts: int, lease: ItemLease | None,
                   connection: str | None) -> Delivery:
