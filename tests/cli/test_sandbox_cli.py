@@ -249,3 +249,24 @@ def test_version_and_missing_subcommand() -> None:
     assert version.stdout.strip() == f"serverless-worker {__version__}"
     assert bare.returncode == 2
     assert "sandbox" in bare.stderr
+
+
+def test_the_pipelogiq_sandbox_serves_the_older_release_with_set_legacy(start_sandbox) -> None:
+    # given the Pipelogiq sandbox started as the older public release, with its demo jobs
+    sandbox = start_sandbox("pipelogiq", "--demo", "--set", "legacy=true")
+    key = {"X-API-Key": sandbox.credentials["api_keys"]}
+    queue = "app_12_echo_StageNext"
+
+    # when a worker pulls, asking to wait far longer than the call's timeout allows
+    pulled = requests.post(f"{sandbox.url}/jobs/pull", json={"queue": queue, "waitSeconds": 20}, headers=key,
+                           timeout=5)
+    payload = pulled.json()["payload"]
+
+    # then the delivery has no execution identity, the lease API is absent, and once the
+    # queue is empty a pull answers 204 at once (the timeout above would fail a waiting one)
+    assert "executionId" not in payload and "attempt" not in payload
+    lease = requests.post(f"{sandbox.url}/stages/{payload['stageId']}/lease/acquire", json={}, headers=key, timeout=5)
+    assert lease.status_code == 404
+    requests.post(f"{sandbox.url}/jobs/pull", json={"queue": queue}, headers=key, timeout=5).raise_for_status()
+    assert requests.post(f"{sandbox.url}/jobs/pull", json={"queue": queue, "waitSeconds": 20}, headers=key,
+                         timeout=5).status_code == 204

@@ -259,17 +259,39 @@ def test_an_unacknowledged_delivery_is_redelivered_and_its_old_token_is_404(
 
 
 # -- decoding ------------------------------------------------------------------------------------------------
-def test_a_payload_that_cannot_be_addressed_is_acked_without_requeue(
+def test_a_payload_that_cannot_be_addressed_is_never_acknowledged_away(
         server: SandboxServer, admin: SandboxAdmin, client: PipelogiqClient,
         caplog: pytest.LogCaptureFixture) -> None:
+    """Given a server whose deliveries could be addressed so far, one that names no stage
+    execution is left unacknowledged (never acked with requeue:false) and logged without
+    its payload; the visibility timeout returns it to the queue."""
+    admin.seed({"handler": "echo", "inputs": [1]})
+    [good] = pull(client)
+    client.acknowledge(good)
     secret_input = "do-not-log-this-input"
     admin.seed({"raw": [{"queue": QUEUE, "payload": {"pipelineId": 1, "input": secret_input}}]})
     with caplog.at_level(logging.ERROR, logger="serverless_worker"):
         assert pull(client) == []
-    assert "acknowledged without requeue" in caplog.text and secret_input not in caplog.text
-    log = overview(server)["log"]
-    assert [e["event"] for e in log] == ["delivered", "ack"]
-    assert overview(server)["queues"][QUEUE] == 0 and overview(server)["inFlight"] == 0
+    assert "cannot be addressed" in caplog.text and "not acknowledged" in caplog.text
+    assert secret_input not in caplog.text
+    assert [e["event"] for e in overview(server)["log"]] == ["delivered"]  # no ack, no requeue
+    wait_for(lambda: [e["event"] for e in overview(server)["log"]] == ["delivered", "visibility_requeue"], 10,
+             "the visibility timeout to return the message")
+    assert overview(server)["queues"][QUEUE] == 1
+
+
+def test_a_current_server_whose_first_deliveries_cannot_be_addressed_is_not_taken_for_an_older_one(
+        server: SandboxServer, admin: SandboxAdmin, client: PipelogiqClient) -> None:
+    """Given only unaddressable deliveries from the first pull on, but a server with the
+    lease API (asked once: a lease call naming no execution is refused with 400, not
+    404): they are broken messages, left for the visibility timeout like any other."""
+    admin.seed({"raw": [{"queue": QUEUE, "payload": {"stageId": 5, "pipelineId": 1, "input": "x"}},
+                        {"queue": QUEUE, "payload": {"stageId": 6, "pipelineId": 1, "input": "y"}}]})
+    assert pull(client, max_items=5) == []
+    assert pull(client, max_items=5) == []
+    assert server.sandbox.calls["lease.renew"] == 1  # type: ignore[attr-defined]  # the probe, once
+    assert [e["event"] for e in overview(server)["log"]] == ["delivered", "delivered"]  # no ack, no requeue
+    assert overview(server)["inFlight"] == 2
 
 
 def test_a_payload_with_an_address_but_bad_fields_becomes_an_invalid_delivery(
@@ -309,13 +331,14 @@ class _TokenlessSandbox(PipelogiqSandbox):
         raise AssertionError("a delivery without a token cannot be acknowledged")
 
 
-def test_a_delivery_without_a_token_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+def test_deliveries_without_a_token_are_left_to_the_visibility_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing can acknowledge a delivery without a token: none is attempted."""
     with SandboxServer(_TokenlessSandbox()) as server, PipelogiqClient(server.url, KEY) as client:
         SandboxAdmin(server.url).seed({"handler": "echo", "inputs": [1]})
         client.open_session(WorkerIdentity(instance_id="i", handlers=["echo"]))
         with caplog.at_level(logging.ERROR, logger="serverless_worker"):
             assert pull(client) == []
-        assert "without a delivery token" in caplog.text
+        assert "cannot be addressed (no delivery token)" in caplog.text
         assert server.sandbox.calls["ack"] == 0
 
 

@@ -19,6 +19,7 @@ from serverless_worker.errors import (
     ProtocolViolationError,
     RateLimitedError,
     ServerUnavailableError,
+    UnsupportedServerError,
 )
 from serverless_worker.outcome import Outcome, OutcomeKind
 from serverless_worker.protocols import protocol_class
@@ -153,15 +154,32 @@ def test_a_lost_activation_strands_jobs_until_a_server_restart(env) -> None:
     assert (delivery.job_id, delivery.retries_left) == (key, 2)
 
 
-def test_a_job_with_a_numeric_key_is_skipped_and_logged(env, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_job_with_a_numeric_key_is_never_guessed_at_and_a_server_of_them_is_named(
+        env, caplog: pytest.LogCaptureFixture) -> None:
+    """A numeric key could address another job: nothing is sent for it. When no job so
+    far had a usable key, the pull says this server speaks another API."""
     e = env(numeric_keys=True)
     e.admin.seed({"jobs": [{"type": "t", "variables": {"card": "4111-secret-variable"}}]})
     client = e.client()
-    with caplog.at_level(logging.ERROR, logger="serverless_worker.protocols.priostack"):
-        assert client.pull(PullRequest(handler="t", max_items=1)) == []
+    with caplog.at_level(logging.ERROR, logger="serverless_worker.protocols.priostack"), \
+            pytest.raises(UnsupportedServerError) as info:
+        client.pull(PullRequest(handler="t", max_items=1))
+    assert str(info.value).startswith("activated jobs carry a key that is not a JSON string (int)")
     [record] = [r for r in caplog.records if r.name == "serverless_worker.protocols.priostack"]
     assert "not a JSON string" in record.getMessage()
-    assert "4111-secret-variable" not in caplog.text  # variables are never logged
+    assert "4111-secret-variable" not in caplog.text + str(info.value)  # variables are never logged
+    assert [j["calls"] for j in e.admin.jobs()] == [[]]  # no complete or fail to any key
+
+
+def test_an_unusable_key_among_good_jobs_leaves_the_good_ones_running(env) -> None:
+    """Once a job had a usable key, a later one without is a broken job, not another API."""
+    e = env()
+    e.admin.seed({"jobs": [{"type": "t"}]})
+    client = e.client()
+    assert len(client.pull(PullRequest(handler="t", max_items=1))) == 1
+    e.admin.seed({"jobs": [{"type": "t"}]})
+    e.admin.faults([{"kind": "corrupt_delivery", "endpoint": "activate", "field": "key", "count": 1}])
+    assert client.pull(PullRequest(handler="t", max_items=1)) == []
 
 
 def test_a_job_with_other_invalid_fields_is_delivered_marked_invalid(env) -> None:

@@ -25,7 +25,9 @@ from serverless_worker.errors import (
     ProtocolError,
     ProtocolViolationError,
     ServerUnavailableError,
+    UnsupportedServerError,
 )
+from serverless_worker.protocols.addressing import UNADDRESSABLE_PER_PULL
 from serverless_worker.protocols.base import PullRequest, SessionState
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
@@ -147,21 +149,23 @@ def test_pipelogiq_input_that_is_not_json(worker_env: Callable[..., Env]) -> Non
 
 
 @pytest.mark.aws
-def test_pipelogiq_undecodable_deliveries_are_settled_once(worker_env: Callable[..., Env]) -> None:
+def test_pipelogiq_undecodable_deliveries_are_never_acknowledged_away(worker_env: Callable[..., Env]) -> None:
     """Messages no stage can be read from (not JSON, no stage address) cannot be leased
-    or reported: each is acknowledged without requeue, logged, and never comes back."""
+    or reported: among addressable ones, each is logged and left unacknowledged for the
+    visibility timeout to return (never acked with requeue:false), and the tick goes on."""
     env = _env(worker_env, "pipelogiq", ["rel-echo"])
     queue = "app_12_rel-echo_StageNext"
-    env.admin.seed({"raw": [{"queue": queue, "payload": "{definitely not json"},
+    env.admin.seed({"pipelines": [{"name": "good", "stages": [
+                        {"stageName": "rel-echo", "stageHandlerName": "rel-echo", "input": "{}"}]}],
+                    "raw": [{"queue": queue, "payload": "{definitely not json"},
                             {"queue": queue, "payload": {"stageId": "seven", "attempt": 0}},
                             {"queue": queue, "payload": None}]})
     log = env.server.sandbox.log  # type: ignore[attr-defined]
-    reports = _ticks(env, lambda: [e["event"] for e in log].count("ack") == 3)
-    assert all(r["pulled"] == 0 and r["errors"] == [] for r in reports)
-    assert not any(e["event"] == "requeue" for e in log)
-    assert _ticks(env, lambda: True)[0]["pulled"] == 0
-    assert [e["event"] for e in env.server.sandbox.log].count("ack") == 3  # type: ignore[attr-defined]
-    assert handlers_module().CALLS == {}
+    reports = _ticks(env)  # until the good stage is settled
+    assert all(r["stopped"] is None for r in reports), reports
+    assert [e["event"] for e in log].count("delivered") == 3
+    assert not any(e["event"] in ("ack", "requeue") for e in log)
+    assert handlers_module().CALLS == {"rel-echo": 1}
 
 
 # -- AWS tier: results over the caps ---------------------------------------------------------------
@@ -218,20 +222,22 @@ def test_a_job_for_an_unknown_handler_fails_naming_the_known_ones(protocol: str,
 def test_priostack_numeric_keys_are_never_guessed_at(worker_env: Callable[..., Env],
                                                      caplog: pytest.LogCaptureFixture) -> None:
     """A key that is a JSON number cannot address its job (converting it could address
-    another one): the job is skipped with a clear error and nothing is sent for it; the
-    documents' rule is that it stays active server-side until a restart. The tick goes on."""
+    another one): nothing is sent for it; the documents' rule is that it stays active
+    server-side until a restart. A server whose every job is so speaks another API: each
+    tick stops after the activation that shows it, saying so."""
     env = _env(worker_env, "priostack", ["rel-echo"], sandbox={"numeric_keys": True})
     env.seed("rel-echo", [{"n": 1}, {"n": 2}])
     sandbox = env.server.sandbox
     reports = _ticks(env, lambda: sandbox.calls["activate"] >= 1)  # type: ignore[attr-defined]
     assert all(r["pulled"] == 0 and r["dispatched"] == 0 for r in reports)
+    assert reports[-1]["stopped"] == "configuration: UnsupportedServerError", reports
+    assert "activated jobs carry a key that is not a JSON string (int)" in reports[-1]["errors"][-1]
     assert "whose key is not a JSON string" in caplog.text and "type int" in caplog.text
     jobs = env.admin.jobs()
     assert [j["state"] for j in jobs] == ["active", "active"]
     assert all(j["calls"] == [] for j in jobs)  # no complete or fail went to any key
     assert handlers_module().CALLS == {}
-    # No busy loop: about one activation a second after an empty one.
-    assert sandbox.calls["activate"] <= len(reports) * (TICK + 2)  # type: ignore[attr-defined]
+    assert sandbox.calls["activate"] == len(reports)  # type: ignore[attr-defined]  # one per tick
 
 
 @pytest.mark.aws
@@ -378,12 +384,13 @@ def test_every_client_turns_a_broken_answer_into_a_clear_error(protocol: str, an
     server = raw_server(raw, trickle=trickle)
     started = time.monotonic()
     if protocol == "pipelogiq" and answer == "non-JSON body":
-        # A 200 without a readable delivery token cannot be acted on: logged and skipped
-        # (its visibility timeout returns it), then the next pull of the batch is made.
+        # A 200 without a readable delivery token cannot be acted on (nor acknowledged): its
+        # visibility timeout returns it. A bounded number more are pulled in its place, and
+        # the lease API is asked once whether this is an older release (it answers: no).
         with _client(protocol, server.url) as client:
             assert client.pull(PullRequest(handler="rel-echo", max_items=3, wait_seconds=0)) == []
-        assert server.requests == 3
-        assert "returned a 200 without a delivery token" in caplog.text
+        assert server.requests == 3 + UNADDRESSABLE_PER_PULL + 1
+        assert "cannot be addressed (no delivery token)" in caplog.text
         return
     with _client(protocol, server.url) as client, pytest.raises(ProtocolError) as info:
         client.pull(PullRequest(handler="rel-echo", max_items=3, wait_seconds=0))
@@ -407,21 +414,37 @@ WRONG_SHAPES: dict[str, list[bytes]] = {
 }
 
 
+# What each wrong shape must become: a ProtocolViolationError (no jobs list), an
+# UnsupportedServerError (nothing addressable came: no item id), nothing (Pipelogiq: no
+# token or stage address, left for the visibility timeout, as the server has a lease API),
+# or a delivery marked invalid, which the runtime settles with a definite error outcome.
+SHAPE_OUTCOMES: dict[str, list[str]] = {
+    "pipelogiq": ["left", "left", "left"],
+    "priostack": ["violation", "violation", "violation"],
+    "claimqueue": ["unsupported", "invalid", "invalid"],
+}
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("shape", [0, 1, 2])
 def test_wrong_shaped_answers_deliver_nothing_runnable(protocol: str, shape: int,
                                                        raw_server: Callable[..., RawServer]) -> None:
-    """JSON of the wrong shape: either a clear ProtocolViolationError, or (Pipelogiq, whose
-    deliveries without a usable token or address are skipped or acknowledged) no delivery."""
+    """JSON of the wrong shape never becomes a delivery a handler runs, and is never
+    acknowledged away."""
     server = raw_server(WRONG_SHAPES[protocol][shape])
+    expected = SHAPE_OUTCOMES[protocol][shape]
     with _client(protocol, server.url) as client:
         try:
             deliveries = client.pull(PullRequest(handler="rel-echo", max_items=1, wait_seconds=0))
         except ProtocolViolationError as err:
-            assert "answer" in str(err) or "not a JSON object" in str(err)
-            assert protocol != "pipelogiq"
+            assert expected == "violation" and ("answer" in str(err) or "not a JSON object" in str(err))
+        except UnsupportedServerError as err:
+            assert expected == "unsupported" and str(err).startswith(("deliveries carry", "claims carry")), err
         else:
-            assert protocol == "pipelogiq" and deliveries == []
+            if expected == "left":
+                assert deliveries == []
+            else:
+                assert expected == "invalid" and [bool(d.wire.get("invalid")) for d in deliveries] == [True]
 
 
 # -- broken configuration -------------------------------------------------------------------------------

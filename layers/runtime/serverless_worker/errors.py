@@ -32,6 +32,7 @@ __all__ = [
     "ServerlessWorkerError",
     "SessionExpiredError",
     "UnknownHandlerError",
+    "UnsupportedServerError",
 ]
 
 
@@ -41,6 +42,13 @@ class ServerlessWorkerError(Exception):
 
 class ConfigurationError(ServerlessWorkerError):
     """A setting is missing or invalid; the message names each bad setting."""
+
+
+class UnsupportedServerError(ConfigurationError):
+    """Every delivery the server handed out lacks what this worker needs to address it (an
+    older or other protocol version); the message names what the server lacks. Its
+    deliveries are never acknowledged away: they are handed back or left to the server's
+    visibility timeout (docs/protocols.md)."""
 
 
 class BadInputError(ServerlessWorkerError, ValueError):

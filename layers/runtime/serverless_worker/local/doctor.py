@@ -6,7 +6,11 @@ module, the credential, then the server itself, with a call per protocol that pr
 is reachable and accepts the credential but hands out nothing:
 
 - Pipelogiq: a worker session (``/workers/bootstrap``, then ``/workers/shutdown``) under
-  an instance id of its own, so the real worker's session is not replaced;
+  an instance id of its own, so the real worker's session is not replaced; then whether
+  the server is the 0.5.0 release this worker speaks or an older one (docs/protocols.md,
+  "Older Pipelogiq servers"), one line per finding: ``lease`` (a lease call that can take
+  nothing: an older release has no lease API and answers 404) and ``long-poll`` (a pull
+  on a queue no stage uses, asked to wait: an older release answers 204 at once);
 - Priostack: the worker list (``GET /workers``);
 - claim queue: a claim on each queue with a criterion no item can match (the document
   says a missing field fails closed), which proves the queue exists and the token is
@@ -40,6 +44,8 @@ __all__ = ["Check", "Doctor", "SMOKE_HANDLER"]
 SMOKE_HANDLER = "serverless-worker-smoke"
 _NEVER_MATCHES = {"serverless-worker-doctor": "a field no item has"}
 _TERMINAL = {"completed", "failed", "cancelled"}
+_IDLE_QUEUE_HANDLER = "serverless-worker-doctor"  # a handler no stage names: its queue stays empty
+_LONG_POLL_PROBE = 1  # seconds the long-poll probe asks the server to wait (whole seconds)
 
 
 @dataclass(frozen=True)
@@ -70,16 +76,17 @@ class Doctor:
     smoke_timeout: float = 60.0
     checks: list[Check] = field(default_factory=list)
     handler_names: list[str] = field(default_factory=list)  # what the handlers check found
+    release_checks: list[Check] = field(default_factory=list)  # found by the server's probe
 
     def run(self) -> Iterator[Check]:
         """Yield each check as it completes (so a slow server shows where it is slow)."""
-        for step in (self._handlers, self._server, self._smoke):
-            check = step()
-            if check is None:
-                continue
-            self.checks.append(check)
-            yield check
-            if not check.passed:
+        for step in (self._handlers, self._server, self._release, self._smoke):
+            found = step()
+            checks = found if isinstance(found, list) else [] if found is None else [found]
+            for check in checks:  # a step's findings are all shown, then a failed one stops the rest
+                self.checks.append(check)
+                yield check
+            if not all(check.passed for check in checks):
                 return
 
     @property
@@ -115,6 +122,10 @@ class Doctor:
         took = (time.monotonic() - started) * 1000
         return Check("server", True, f"{self.settings.base_url} answered in {took:.0f} ms; {detail}")
 
+    def _release(self) -> list[Check]:
+        """What the server probe found about the protocol release (Pipelogiq only)."""
+        return self.release_checks
+
     def _smoke(self) -> Check | None:
         if not self.smoke:
             return None
@@ -141,9 +152,36 @@ class Doctor:
 def _probe_pipelogiq(doctor: Doctor, client: WorkerProtocol) -> str:
     identity = doctor._identity("doctor", list(doctor.settings.handlers) or [SMOKE_HANDLER])
     session = client.open_session(identity)
-    client.shutdown("serverless-worker doctor: check only")
+    try:
+        doctor.release_checks = [_lease_check(client), _long_poll_check(client)]
+    finally:
+        client.shutdown("serverless-worker doctor: check only")
     worker = session.worker_id if session is not None else identity.instance_id
     return f"API key accepted; worker session opened and shut down (worker {worker})"
+
+
+def _lease_check(client: Any) -> Check:
+    """Whether the lease API exists: a call that names no execution can take no lease."""
+    status = client.lease_api_status()
+    if status == 404:
+        return Check("lease", False, "POST /stages/{id}/lease/renew answered 404: this server has no lease API "
+                                     "(a Pipelogiq release older than 0.5.0); its deliveries carry no executionId "
+                                     "and cannot be worked")
+    return Check("lease", True, f"lease API present (a lease call naming no execution answered {status})")
+
+
+def _long_poll_check(client: Any) -> Check:
+    """Whether pull waits: a queue no stage uses, asked to wait, must come back at its deadline."""
+    started = time.monotonic()
+    taken = client.pull(PullRequest(handler=_IDLE_QUEUE_HANDLER, max_items=1, wait_seconds=_LONG_POLL_PROBE))
+    took = time.monotonic() - started
+    for delivery in taken:  # someone's stage on that queue after all: back, unrun
+        client.hand_back(delivery)
+    if not taken and took < _LONG_POLL_PROBE / 2:
+        return Check("long-poll", False, f"a pull asked to wait {_LONG_POLL_PROBE:g} s came back empty after "
+                                         f"{took:.2f} s: this server ignores waitSeconds (a Pipelogiq release "
+                                         "older than 0.5.0)")
+    return Check("long-poll", True, f"a pull asked to wait {_LONG_POLL_PROBE:g} s waited {took:.1f} s")
 
 
 def _probe_priostack(doctor: Doctor, client: WorkerProtocol) -> str:

@@ -13,7 +13,10 @@ Two checks, before anything is taken from the server:
   connection, an unknown host, no answer within the connect timeout or a failed TLS
   handshake ends the run with :class:`FirstContactError`.
 - :func:`refusal`: the first tick's bootstrap or pull meets a 401, 403, 400 or 404
-  before any pull went through: the server is there but refuses this configuration.
+  before any pull went through: the server is there but refuses this configuration;
+  or every delivery it handed out lacks what this worker needs to address it
+  (UnsupportedServerError): it speaks another protocol version, and the line says
+  what it lacks.
 
 Once the server has been reached, later transient errors keep the runtime's retries.
 Messages name the URL (without user info or query, see ``display_url``) and the setting
@@ -33,11 +36,12 @@ from ..errors import (
     ForbiddenError,
     NotFoundError,
     ServerUnavailableError,
+    UnsupportedServerError,
 )
 from ..protocols._http import HttpTransport, TransportError, display_url
 from ..settings import Settings
 
-__all__ = ["FirstContactError", "HeldLogs", "describe_unreachable", "probe", "refusal"]
+__all__ = ["FirstContactError", "HeldLogs", "describe_unreachable", "probe", "refusal", "unsupported_detail"]
 
 _KEY_SETTINGS = "--api-key-env NAME, SW_API_KEY, SW_API_KEY_SECRET_ARN or SW_API_KEY_PARAMETER"
 
@@ -90,6 +94,8 @@ def refusal(settings: Settings, cause: type[BaseException], detail: str,
     error text, which names the endpoint and the HTTP status, never a credential.
     """
     url = display_url(settings.base_url)
+    if issubclass(cause, UnsupportedServerError):
+        return FirstContactError(f"the job server at {url} cannot be worked: {unsupported_detail(detail)}")
     if issubclass(cause, AuthenticationError):
         why = f"refused the credential; check the key ({_KEY_SETTINGS})"
     elif issubclass(cause, ForbiddenError):
@@ -101,6 +107,11 @@ def refusal(settings: Settings, cause: type[BaseException], detail: str,
     else:
         why = "refused the configuration"
     return FirstContactError(f"the job server at {url} {why}: {detail}")
+
+
+def unsupported_detail(detail: str) -> str:
+    """A tick's UnsupportedServerError text without the scheduler's ``pull:`` prefix."""
+    return detail.removeprefix("pull:").strip()
 
 
 def _causes(err: BaseException) -> list[BaseException]:

@@ -60,7 +60,7 @@ from ..runtime.steps import run_step
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
-from .first_contact import FirstContactError, HeldLogs, probe, refusal
+from .first_contact import FirstContactError, HeldLogs, probe, refusal, unsupported_detail
 from .handler_module import load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
@@ -78,7 +78,8 @@ __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"
 log = logging.getLogger("serverless_worker.local")
 
 EXIT_INCOMPLETE = 1      # a job was left without a definite outcome, or the server was never reached
-EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permissions, names)
+EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permissions, names), or
+                         # speaks a protocol version none of whose deliveries can be addressed
 EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
 
 # A tick that ends with one of these cannot succeed by trying again: the configuration is wrong.
@@ -435,6 +436,11 @@ class LocalRunner:
             names = list(self.settings.handlers) or self._services.handler_names()
             self._request_stop(str(refusal(self.settings, cause, _unique(detail), names)),
                                exit_status=EXIT_CONFIGURATION, never_reached=True)
+        elif issubclass(cause, errors.UnsupportedServerError):
+            # The server was reached (empty pulls first), then handed out only deliveries
+            # this worker cannot address: its protocol version, not a setting, is the cause.
+            self._request_stop(f"the job server cannot be worked: {unsupported_detail(_unique(detail))}",
+                               exit_status=EXIT_CONFIGURATION)
         else:
             self._request_stop(f"configuration refused: {detail}", exit_status=EXIT_CONFIGURATION)
 

@@ -38,9 +38,11 @@ from ..errors import (
     RateLimitedError,
     ResultNotAcceptedError,
     ServerUnavailableError,
+    UnsupportedServerError,
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import Delivery, Lease, PullRequest, ReportReceipt
 from .claimqueue_models import (
     ClaimAnswer,
@@ -141,6 +143,7 @@ class ClaimQueueClient(HttpProtocolClient):
         self.transport: Transport = transport
         self._sockets: dict[str, ClaimQueueSocket] = {}
         self._sockets_lock = threading.Lock()
+        self._tally = AddressTally()
 
     def _repr_fields(self) -> Mapping[str, object]:
         return {"worker_id": self.worker_id, "transport": self.transport}
@@ -166,8 +169,9 @@ class ClaimQueueClient(HttpProtocolClient):
         """
         queue = request.handler
         collected: list[Delivery] = []
+        lacks: list[str] = []  # what each claim we could not address lacked
         reconnected = False
-        while len(collected) < request.max_items:
+        while len(collected) < request.max_items and len(lacks) < UNADDRESSABLE_PER_PULL:
             try:
                 delivery = self._claim_one(queue, request.criteria)
             except ProtocolError as err:
@@ -183,14 +187,22 @@ class ClaimQueueClient(HttpProtocolClient):
                         # re-queued with it, so claiming again cannot strand anything.
                         reconnected = True
                         continue
-                if not collected:
+                if not collected and not lacks:
                     raise
                 log.warning("claim on %s failed after %d items; keeping those: %s", queue, len(collected),
                             err)
                 break
             if delivery is None:
                 break
+            if isinstance(delivery, str):
+                lacks.append(delivery)
+                continue
             collected.append(delivery)
+        lack = self._tally.note(len(collected), lacks)
+        if lack is not None:
+            raise UnsupportedServerError(
+                f"claims carry {lack}: this server does not speak the claim-queue worker API this worker "
+                f"implements; the {len(lacks)} items taken return to the queue when their leases lapse")
         return collected
 
     def acquire(self, delivery: Delivery) -> Lease:
@@ -295,18 +307,47 @@ class ClaimQueueClient(HttpProtocolClient):
         super().close()
 
     # -- plumbing ------------------------------------------------------------------------
-    def _claim_one(self, queue: str, criteria: dict[str, Any] | None) -> Delivery | None:
+    def _claim_one(self, queue: str, criteria: dict[str, Any] | None) -> Delivery | str | None:
         if self.transport == "socket":
-            item, connection = self._socket(queue).claim(self.worker_id, criteria)
+            from .claimqueue_socket import UnreadableItemError
+
+            try:
+                item, connection = self._socket(queue).claim(self.worker_id, criteria)
+            except UnreadableItemError as err:
+                return self._unusable_claim(queue, {"id": err.item_id, "item": err.item}, err,
+                                            connection=err.connection)
             if item is None:
                 return None
             return self._delivery(queue, item.id, item.item, item.attempts, item.lease, connection)
         body = ClaimRequest(worker=self.worker_id, criteria=criteria).model_dump(exclude_none=True)
         data = self._call("POST", "claim", self._path("claim", queue), body)
-        answer = self._parse(ClaimAnswer, data, endpoint="claim").require_item("claim")
+        try:
+            answer = self._parse(ClaimAnswer, data, endpoint="claim").require_item("claim")
+        except ProtocolViolationError as err:
+            return self._unusable_claim(queue, data, err)
         if answer.empty or answer.id is None or answer.attempts is None:
             return None
         return self._delivery(queue, answer.id, answer.item, answer.attempts, answer.lease, None)
+
+    def _unusable_claim(self, queue: str, data: dict[str, Any], err: ProtocolViolationError, *,
+                        connection: str | None = None) -> Delivery | str:
+        """A claim answer with an item we cannot fully read. With a usable id it becomes a
+        Delivery carrying ``wire["invalid"]``, so the runtime finishes the item with an
+        in-band error result (a definite outcome); without one it cannot be reported at
+        all and is left to its lease's lapse, which re-queues it: returns what it lacks."""
+        raw_id = data.get("id")
+        item_id = str(raw_id) if isinstance(raw_id, str | int) and not isinstance(raw_id, bool) else ""
+        if not item_id:
+            log.error("claim on %s returned an item without a usable id (%s); it cannot be reported and "
+                      "returns to the queue when its lease lapses", queue, err)
+            return "no item id" if raw_id is None else f"an unusable item id ({type(raw_id).__name__})"
+        log.error("item %s claimed from %s is malformed (%s); it is finished with an error result", item_id,
+                  queue, err)
+        wire: dict[str, Any] = {"queue": queue, "transport": self.transport, "invalid": str(err)}
+        if connection is not None:
+            wire["connection"] = connection
+        return Delivery(protocol=self.name, handler=queue, job_id=item_id, ledger_id=f"{item_id}:0",
+                        payload=data.get("item"), wire=wire)
 
     def _delivery(self, queue: str, item_id: str, item: Any, attempts: int, lease: ItemLease | None,
                   connection: str | None) -> Delivery:

@@ -41,7 +41,7 @@ from ..errors import ProtocolViolationError, ServerUnavailableError
 from ._http import DEFAULT_MAX_RESPONSE_BYTES
 from .claimqueue_models import SocketAck, SocketItem, raise_for_answer
 
-__all__ = ["ClaimQueueSocket"]
+__all__ = ["ClaimQueueSocket", "UnreadableItemError"]
 
 log = logging.getLogger("serverless_worker.protocols.claimqueue")
 _Message = TypeVar("_Message", bound=BaseModel)
@@ -52,6 +52,15 @@ _Message = TypeVar("_Message", bound=BaseModel)
 _WIRE_LOG = logging.getLogger(logsafety.WIRE_LOGGER)
 
 _KNOWN_TYPES = frozenset({"item", "empty", "progress-ack", "result-ack", "error"})
+
+
+class UnreadableItemError(ProtocolViolationError):
+    """A claimed item whose id is usable but whose other fields are not: it stays leased
+    on ``connection`` so that it can be finished with an error result."""
+
+    def __init__(self, message: str, *, item_id: str, item: Any, connection: str) -> None:
+        super().__init__(message, endpoint="claim")
+        self.item_id, self.item, self.connection = item_id, item, connection
 
 
 class ClaimQueueSocket:
@@ -94,7 +103,15 @@ class ClaimQueueSocket:
                 return None, conn_id
             try:
                 item = self._model(SocketItem, data, endpoint="claim")
-            except ProtocolViolationError:
+            except ProtocolViolationError as err:
+                item_id = data.get("id")
+                if isinstance(item_id, int) and not isinstance(item_id, bool):
+                    item_id = str(item_id)
+                if isinstance(item_id, str) and item_id:
+                    # Addressable: keep its lease, so the caller finishes it with an error result.
+                    self._leased.add(item_id)
+                    raise UnreadableItemError(str(err), item_id=item_id, item=data.get("item"),
+                                              connection=conn_id) from None
                 self._drop()  # re-queues the unreadable item now instead of at lease expiry
                 raise
             self._leased.add(item.id)
@@ -236,8 +253,11 @@ class ClaimQueueSocket:
     def _model(model: type[_Message], data: dict[str, Any], *, endpoint: str) -> _Message:
         try:
             return model.model_validate(data)
-        except ValidationError:
-            # `from None`: pydantic's error quotes the message, item payload included.
+        except ValidationError as err:
+            # `from None`: pydantic's error quotes the message, item payload included; the
+            # fields and problems are named here without their values.
             kind = str(data.get("type"))[:40]
-            raise ProtocolViolationError(f"malformed {kind!r} message on the work socket",
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(message)'}: {e['msg']}"
+                                 for e in err.errors(include_input=False, include_url=False)[:5])
+            raise ProtocolViolationError(f"malformed {kind!r} message on the work socket ({problems})",
                                          endpoint=endpoint) from None

@@ -22,6 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -41,9 +42,11 @@ from ..errors import (
     RateLimitedError,
     ServerUnavailableError,
     SessionExpiredError,
+    UnsupportedServerError,
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import (
     Delivery,
     Lease,
@@ -109,6 +112,26 @@ _LONG_POLL_MARGIN = 5.0
 _OK = range(200, 300)
 
 
+@dataclass(frozen=True)
+class _Unaddressable:
+    """A delivery that names no stage execution: its token (if any), what it lacks, and
+    the decoding error without input values."""
+
+    token: SecretStr | None
+    message_id: str
+    lacks: str
+    reason: str
+
+
+def _lack(err: ValidationError) -> str:
+    """What a payload lacks, in words: ``no executionId`` (preferred: it is what tells an
+    older server), ``no stageId``, ``an unusable attempt``."""
+    errors = err.errors(include_input=False, include_url=False)
+    first = next((e for e in errors if e["loc"][:1] == ("executionId",)), errors[0])
+    name = ".".join(map(str, first["loc"])) or "stage address"
+    return f"no {name}" if first["type"] == "missing" else f"an unusable {name}"
+
+
 class _DecodeError(ValueError):
     """A sanitised stand-in for a pydantic ValidationError, which quotes its input (a
     missing field quotes the whole answer, session or delivery token included)."""
@@ -150,6 +173,8 @@ class PipelogiqClient(HttpProtocolClient):
             raise ConfigurationError("session_ttl_seconds must be positive")
         self._session_ttl = session_ttl_seconds
         self._session: SessionState | None = None
+        self._tally = AddressTally()
+        self._lease_api_missing: bool | None = None  # None: not asked yet (see _lacks_lease_api)
 
     def _repr_fields(self) -> Mapping[str, object]:
         return {"worker_id": self._session.worker_id if self._session else None}
@@ -241,11 +266,20 @@ class PipelogiqClient(HttpProtocolClient):
         another one on top, more than the capacity the caller counted. For the same
         reason, an error after some deliveries arrived returns those deliveries (they
         are ours now) and leaves the error to the next pull.
+
+        Deliveries that cannot be addressed are never acknowledged away (see
+        :meth:`_settle_unaddressable`) and use no capacity: up to UNADDRESSABLE_PER_PULL
+        more are pulled in their place. When no delivery so far could be addressed and
+        the lease API is missing, the server is an older release and
+        UnsupportedServerError says what it lacks.
         """
         queue = self.queue_for(request.handler)
         wait = int(min(MAX_WAIT_SECONDS, max(0.0, request.wait_seconds)))
         deliveries: list[Delivery] = []
-        for _ in range(request.max_items):
+        unaddressable: list[_Unaddressable] = []
+        for _ in range(request.max_items + UNADDRESSABLE_PER_PULL):
+            if len(deliveries) >= request.max_items:
+                break
             body = PullBody(queue=queue, waitSeconds=wait).wire()
             try:
                 response = self._transport.request("POST", "/jobs/pull", endpoint="pull", json_body=body,
@@ -255,31 +289,79 @@ class PipelogiqClient(HttpProtocolClient):
                     break
                 self._raise_for_status(response, credential="key", expected=(200,))
             except RateLimitedError:
-                if deliveries:
+                if deliveries or unaddressable:
                     log.info("pipelogiq pull rate limited after %d deliveries; returning them",
                              len(deliveries))
                     break
                 raise
             except ProtocolError as err:
-                if deliveries:
+                if deliveries or unaddressable:
                     log.warning("pipelogiq pull stopped after %d deliveries: %s", len(deliveries), err)
                     break
                 raise
             wait = 0  # only the first call long-polls; the rest take what is already there
-            delivery = self._decode_delivery(response, request.handler, queue)
-            if delivery is not None:
-                deliveries.append(delivery)
+            decoded = self._decode_delivery(response, request.handler, queue)
+            if isinstance(decoded, Delivery):
+                deliveries.append(decoded)
+            else:
+                unaddressable.append(decoded)
+        self._settle_unaddressable(queue, len(deliveries), unaddressable)
         return deliveries
 
-    def _decode_delivery(self, response: HttpResponse, handler: str, queue: str) -> Delivery | None:
-        """One 200 pull answer to a Delivery, or None when it cannot be run.
+    def _settle_unaddressable(self, queue: str, addressed: int, unaddressable: list[_Unaddressable]) -> None:
+        """Deliveries that name no stage execution can be neither leased nor reported, and
+        are never acknowledged with ``requeue:false`` (that would drop the job while its
+        stage waits for a result). Each is left unacknowledged: the document's visibility
+        timeout ("an expiry sweep attempts to requeue overdue deliveries") returns it, paced
+        by that timeout, where ``requeue:true`` would hand the same broken message straight
+        back to the next pull.
 
-        Without a token nothing can be done: the answer is logged and skipped, and the
-        visibility timeout requeues it. With a token but without a usable stageId,
-        pipelineId, executionId and attempt, the delivery can be neither leased nor
-        reported; it is acknowledged with ``requeue:false`` and logged (no payload in
-        the log), since a requeue would hand the same broken message back forever.
-        With those fields but an otherwise malformed payload it still becomes a
+        When no delivery so far could be addressed and the server has no lease API (404,
+        asked once), it is an older release: this worker stops pulling
+        (UnsupportedServerError) and returns what it took with ``requeue:true``, as the
+        document says to return unstarted work, so the jobs are visible again at once.
+        """
+        lack = self._tally.note(addressed, [item.lacks for item in unaddressable])
+        if lack is None or not self._lacks_lease_api():
+            for item in unaddressable:  # what is wrong, never the payload
+                log.error("pipelogiq delivery %s on %s cannot be addressed (%s); not acknowledged: the "
+                          "server's visibility timeout returns it", item.message_id, queue, item.reason)
+            return
+        returned = sum(1 for item in unaddressable if item.token is not None and self._return_token(item.token))
+        raise UnsupportedServerError(
+            f"deliveries carry {lack}: this server speaks a Pipelogiq worker protocol older than the lease "
+            f"API (its lease endpoint answers 404; {returned} of the {len(unaddressable)} deliveries taken "
+            "handed back with requeue:true, none acknowledged away)")
+
+    def _lacks_lease_api(self) -> bool:
+        """Whether the server answers 404 to the lease API (asked once per client): what
+        tells an older release from a 0.5.0 server that sent a broken message."""
+        if self._lease_api_missing is None:
+            try:
+                status = self.lease_api_status()
+            except ProtocolError as err:
+                log.warning("pipelogiq lease API probe failed (asked again at the next unaddressable pull): %s",
+                            err)
+                return False
+            self._lease_api_missing = status == 404
+        return self._lease_api_missing
+
+    def _return_token(self, token: SecretStr) -> bool:
+        """Hand an unaddressable delivery back (``requeue:true``); False when that failed
+        (the visibility timeout returns it then)."""
+        try:
+            self._ack_token(token, requeue=True)
+        except ProtocolError as err:
+            log.warning("pipelogiq could not hand back an unaddressable delivery: %s", err)
+            return False
+        return True
+
+    def _decode_delivery(self, response: HttpResponse, handler: str, queue: str) -> Delivery | _Unaddressable:
+        """One 200 pull answer to a Delivery, or to what makes it unaddressable.
+
+        Without a token, or without a usable stageId, pipelineId, executionId and
+        attempt, nothing can be leased or reported: see :meth:`_settle_unaddressable`.
+        With those but an otherwise malformed envelope or payload it still becomes a
         Delivery carrying ``wire["invalid"]``, so the runtime reports a definite
         VALIDATION_ERROR instead of leaving the stage running with no lease to recover.
         """
@@ -289,41 +371,40 @@ class PipelogiqClient(HttpProtocolClient):
             data = None
         if not isinstance(data, dict):
             data = {}
+        message_id = data.get("messageId")
+        message_id = str(message_id)[:80] if isinstance(message_id, str | int) else "(no messageId)"
         raw_token = data.get("token")
         if not isinstance(raw_token, str) or not raw_token:
-            log.error("pipelogiq pull on %s returned a 200 without a delivery token; skipped "
-                      "(the visibility timeout returns it)", queue)
-            return None
+            return _Unaddressable(None, message_id, "no delivery token", "no delivery token")
         token = SecretStr(raw_token)
+        invalid: str | None = None
         try:
             envelope = PullEnvelope.model_validate(data)
         except ValidationError as err:
-            log.error("pipelogiq delivery on %s has a malformed envelope (%s); acknowledged without requeue",
-                      queue, _decode_error(err))
-            self._ack_quietly(token)
-            return None
+            invalid = f"envelope: {_decode_error(err)}"
+            envelope = PullEnvelope(token=token, payload=data.get("payload"))
         payload = envelope.payload
         if isinstance(payload, str | bytes):
             try:
                 payload = json.loads(payload)
             except ValueError:
                 payload = None
+        if not isinstance(payload, dict):
+            return _Unaddressable(token, message_id, "no stage payload (a JSON object)",
+                                  "the payload is not a JSON object")
         try:
             address = StageAddress.model_validate(payload)
         except ValidationError as err:
-            log.error("pipelogiq delivery %s on %s cannot be addressed (%s); acknowledged without requeue",
-                      envelope.messageId, queue, _decode_error(err))
-            self._ack_quietly(token)
-            return None
-        invalid: str | None = None
+            return _Unaddressable(token, message_id, _lack(err), str(_decode_error(err)))
         try:
             stage = StagePayload.model_validate(payload)
         except ValidationError as err:
-            invalid = str(_decode_error(err))
-            log.error("pipelogiq job %s has a malformed payload (%s); it must be reported as "
-                      "VALIDATION_ERROR", address.stageId, invalid)
+            invalid = "; ".join(filter(None, [invalid, str(_decode_error(err))]))
             stage = StagePayload(stageId=address.stageId, pipelineId=address.pipelineId,
                                  executionId=address.executionId, attempt=address.attempt)
+        if invalid is not None:
+            log.error("pipelogiq job %s has a malformed delivery (%s); it must be reported as "
+                      "VALIDATION_ERROR", address.stageId, invalid)
         wire: dict[str, Any] = {
             "pipelineId": stage.pipelineId,
             "stageId": stage.stageId,
@@ -405,6 +486,15 @@ class PipelogiqClient(HttpProtocolClient):
         raise LeaseRefusedError(reason, action=REFUSAL_ACTIONS.get(reason, "leave"), endpoint=label,
                                 job_id=delivery.job_id)
 
+    def lease_api_status(self) -> int:
+        """The status of a lease renewal that names no execution: it can take or extend no
+        lease, a 0.5.0 server refuses it (400), and an older release, which has no lease
+        API, answers 404. For ``serverless-worker doctor``; never retried."""
+        body = {"workerId": self._require_session().worker_id}
+        response = self._transport.request("POST", "/stages/0/lease/renew", endpoint="lease.renew",
+                                           json_body=body, headers=self._session_headers())
+        return response.status
+
     # -- result --------------------------------------------------------------------------------
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
         """Post the result (202), retrying 5xx, 429 and unknown outcomes with the same bytes.
@@ -481,12 +571,6 @@ class PipelogiqClient(HttpProtocolClient):
                 raise
 
         self._retrying(call)
-
-    def _ack_quietly(self, token: SecretStr) -> None:
-        try:
-            self._ack_token(token, requeue=False)
-        except ProtocolError as err:
-            log.error("pipelogiq could not acknowledge an unusable delivery: %s", err)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def send_events(self, events: Sequence[WorkerEvent]) -> None:

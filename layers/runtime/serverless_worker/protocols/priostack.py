@@ -36,9 +36,11 @@ from ..errors import (
     ProtocolViolationError,
     RateLimitedError,
     ServerUnavailableError,
+    UnsupportedServerError,
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from .addressing import AddressTally
 from .base import (
     Delivery,
     PullRequest,
@@ -124,6 +126,7 @@ class PriostackClient(HttpProtocolClient):
         self._register = register
         self._group_name = group_name
         self.worker_id: str | None = None
+        self._tally = AddressTally()
 
     def _repr_fields(self) -> Mapping[str, object]:
         return {"auth": self._auth, "api_prefix": self._prefix}
@@ -176,6 +179,13 @@ class PriostackClient(HttpProtocolClient):
             raise ProtocolViolationError("activation answer has no jobs list", endpoint="activate",
                                          status=response.status) from None
         deliveries = [d for d in (self._decode(raw, request.handler) for raw in jobs) if d is not None]
+        lack = self._tally.note(len(deliveries), [lack for lack in map(_key_lack, jobs) if lack])
+        if lack is not None:
+            # No job so far could be addressed: another API, and activating more only strands more.
+            raise UnsupportedServerError(
+                f"activated jobs carry {lack}: this server does not speak the Priostack job-worker API "
+                f"this worker implements; the {len(jobs)} jobs taken stay active on it until it restarts "
+                "(Priostack jobs never expire), none was completed or failed")
         if len(deliveries) > request.max_items:
             # More than asked for: hand the surplus straight back (no attempt used) rather
             # than run work we have no capacity for, or strand it by dropping it.
@@ -367,16 +377,17 @@ class PriostackClient(HttpProtocolClient):
     def _decode(self, raw: Any, handler: str) -> Delivery | None:
         """One activated job to a Delivery, or None when it cannot even be addressed.
 
-        A job without a string key is logged and skipped: converting a numeric key
-        could address another job, so it stays active server-side (stranded until a
-        server restart). A job with a string key but other invalid fields still becomes
-        a Delivery with ``wire["invalid"]`` set, so the runtime fails it with retries 0
-        (an incident an operator sees) instead of stranding it.
+        A job without a string key is logged and counted (``pull`` stops when no job so
+        far had one): converting a numeric key could address another job, so it stays
+        active server-side (stranded until a server restart). A job with a string key but
+        other invalid fields still becomes a Delivery with ``wire["invalid"]`` set, so the
+        runtime fails it with retries 0 (an incident an operator sees) instead of stranding it.
         """
         raw_key = raw.get("key") if isinstance(raw, dict) else None
         if not isinstance(raw_key, str) or not raw_key:
             log.error("priostack activation returned a job whose key is not a JSON string "
-                      "(key=%r, type %s); skipped, and it stays active server-side until a restart",
+                      "(key=%r, type %s); it cannot be completed or failed and stays active "
+                      "server-side until a restart",
                       raw_key, type(raw_key).__name__)
             return None
         wire = {name: raw.get(name) for name in
@@ -523,6 +534,14 @@ def _error_message(outcome: Outcome, default: str) -> str:
 def _retries(delivery: Delivery) -> int:
     """Retries left; unknown counts as 0, as the server counts an omitted value."""
     return delivery.retries_left if delivery.retries_left is not None else 0
+
+
+def _key_lack(raw: Any) -> str:
+    """What keeps an activated job from being addressed, in words; empty when its key is usable."""
+    key = raw.get("key") if isinstance(raw, dict) else None
+    if isinstance(key, str) and key:
+        return ""
+    return "no key" if key is None else f"a key that is not a JSON string ({type(key).__name__})"
 
 
 def _int_or_none(value: Any) -> int | None:

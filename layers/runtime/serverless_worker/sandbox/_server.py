@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import random
 import socket
@@ -36,6 +37,7 @@ __all__ = [
     "FaultRule",
     "FaultPlan",
     "FaultInjector",
+    "corrupt",
     "Sandbox",
     "SandboxServer",
     "DroppedResponse",
@@ -51,6 +53,7 @@ FaultKind = Literal[
     "expire_session",      # expire the worker session now (protocol-specific)
     "restart_before",      # the server restarts just before this call arrives (Sandbox.restart)
     "restart_after",       # the server applies the call, restarts, and the answer is lost
+    "corrupt_delivery",    # one delivery's ``field`` replaced by ``value`` (removed when null); see corrupt()
 ]
 
 
@@ -66,6 +69,26 @@ class FaultRule(BaseModel):
     status: int = 503
     latency_ms: int = Field(default=0, ge=0)
     retry_after: float | None = None
+    # corrupt_delivery: the dotted path of the field to corrupt in one delivery as sent
+    # (``payload.executionId``, ``key``, ``id``) and its new value (None: removed).
+    field: str | None = None
+    value: Any = None
+
+
+def corrupt(answer: dict[str, Any], rule: FaultRule) -> dict[str, Any]:
+    """A copy of one delivery's wire form with ``rule.field`` replaced or removed, as a
+    server with a broken or older message format would send it; ``answer`` is untouched."""
+    copied = copy.deepcopy(answer)
+    *parents, last = (rule.field or "").split(".")
+    target: Any = copied
+    for name in parents:
+        target = target.get(name) if isinstance(target, dict) else None
+    if isinstance(target, dict) and last:
+        if rule.value is None:
+            target.pop(last, None)
+        else:
+            target[last] = rule.value
+    return copied
 
 
 class FaultPlan(BaseModel):

@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ._server import Sandbox
+from ._server import Sandbox, corrupt
 from ._validation import validate_body
 
 __all__ = ["ClaimQueueSandbox", "ClaimQueueSandboxConfig", "QueueSettings", "SeedQueue", "matches"]
@@ -383,7 +383,8 @@ class ClaimQueueSandbox(Sandbox):
                 item.lease_until = time.time() + self._lease_seconds(queue)
                 item.lease_socket = socket
                 item.record("claim", worker=worker, via=via, attempt=item.attempts, lease=item.lease())
-                return self._claim_view(item)
+                rule = self.faults.fire("corrupt_delivery", "claim")
+                return corrupt(self._claim_view(item), rule) if rule is not None else self._claim_view(item)
         return None
 
     def _progress(self, queue: str, item_id: str, value: dict[str, Any], *, via: str) -> dict[str, Any]:

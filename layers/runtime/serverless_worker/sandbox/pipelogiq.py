@@ -19,6 +19,12 @@ Choices where the document is silent (also listed in the project's closing note)
   seconds after expiry; in between, acquire and renew answer ``lease_expired``.
 - ``isWaitingForApproval`` only parks a successful result; context updates and
   appended stages (added at the end of the pipeline) apply with any applied result.
+
+``legacy=True`` emulates the older public server release instead (docs/protocols.md,
+"Older Pipelogiq servers"): pull ignores ``waitSeconds`` and answers an empty queue with
+``204`` at once; deliveries are ``{token, queue, messageId, payload, headers}`` whose
+payload has no ``executionId`` or ``attempt``; there is no lease or result endpoint
+(``404``); ack ``{token, requeue}`` answers ``200 {"status":"ok"}`` or ``404`` as before.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ._server import Sandbox, json_error
+from ._server import Sandbox, corrupt, json_error
 from ._validation import validate_body
 
 __all__ = ["PipelogiqSandbox", "PipelogiqSandboxConfig", "SeedBody"]
@@ -71,6 +77,7 @@ class PipelogiqSandboxConfig(BaseModel):
     poll_interval: float = 0.25
     max_result_bytes: int = 262_144
     max_request_bytes: int = 327_680
+    legacy: bool = False  # the older public release: no lease or result API, no long poll
 
 
 class SeedOptions(BaseModel):
@@ -495,7 +502,9 @@ class PipelogiqSandbox(Sandbox):
         queue, wait = body.get("queue"), body.get("waitSeconds", 0)
         if not isinstance(queue, str) or not queue:
             raise _BadRequest("queue is required")
-        if not _is_int(wait) or not 0 <= wait <= 20:
+        if self.config.legacy:
+            wait = 0  # the older release reads no waitSeconds: an empty queue answers 204 at once
+        elif not _is_int(wait) or not 0 <= wait <= 20:
             raise _BadRequest("waitSeconds must be an integer from 0 to 20")
         if not (queue.startswith(f"app_{app_id}_") and queue.endswith("_StageNext")):
             raise _Reject(403, "queue does not belong to this application")
@@ -526,9 +535,14 @@ class PipelogiqSandbox(Sandbox):
         self._record(message.stage_id, "delivered", executionId=message.execution_id,
                      messageId=message.message_id, tokenFingerprint=fingerprint,
                      deliveryCount=message.deliveries)
-        return JSONResponse({"token": token, "queue": message.queue, "messageId": message.message_id,
-                             "payload": message.payload,
-                             "headers": {**message.headers, "x-delivery-count": message.deliveries}})
+        payload = message.payload
+        if self.config.legacy and isinstance(payload, dict):
+            # The older release's stage message: no execution identity, no attempt.
+            payload = {name: value for name, value in payload.items() if name not in ("executionId", "attempt")}
+        answer = {"token": token, "queue": message.queue, "messageId": message.message_id, "payload": payload,
+                  "headers": {**message.headers, "x-delivery-count": message.deliveries}}
+        rule = self.faults.fire("corrupt_delivery", "pull")
+        return JSONResponse(corrupt(answer, rule) if rule is not None else answer)
 
     async def _ack(self, request: Request) -> Response:
         body = await self._body(request)  # ack checks the delivery token and nothing else
@@ -564,6 +578,7 @@ class PipelogiqSandbox(Sandbox):
         return await self._lease(request, "renew")
 
     async def _lease(self, request: Request, op: str) -> Response:
+        self._require_current_release()
         worker = self._require_session(request, f"lease.{op}")
         body = await self._body(request)
         self._match_worker(worker, body)
@@ -614,8 +629,14 @@ class PipelogiqSandbox(Sandbox):
             return "lease_not_acquired"
         return "lease_expired" if lease.expires_at <= now else None
 
+    def _require_current_release(self) -> None:
+        """The older release has no lease or result route: 404, as for any unknown path."""
+        if self.config.legacy:
+            raise _Reject(404, "404 page not found")
+
     # -- results -------------------------------------------------------------------------------
     async def _result(self, request: Request) -> Response:
+        self._require_current_release()
         key_app = self._require_key(request)
         worker = self._require_session(request, "result")
         if worker.app_id != key_app:

@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ._server import DroppedResponse, Sandbox, json_error
+from ._server import DroppedResponse, Sandbox, corrupt, json_error
 from ._validation import validate_body
 
 __all__ = ["PriostackSandbox", "PriostackSandboxConfig", "SeedBody", "SeedJob"]
@@ -430,7 +430,8 @@ class PriostackSandbox(Sandbox):
             "createdAt": GO_ZERO_TIME if self.config.zero_created_at else _iso(job.created_at),
         }
         answer.update(job.wire_overrides)
-        return answer
+        rule = self.faults.fire("corrupt_delivery", "activate")
+        return corrupt(answer, rule) if rule is not None else answer
 
     def _instance_view(self, instance: _Instance) -> dict[str, Any]:
         return {"key": instance.key, "processDefinitionKey": instance.definition_key, "state": instance.state,
