@@ -412,8 +412,10 @@ class Scheduler:
         mode = self._mode(delivery)
         # A delivery we handed back earlier comes back under the same ledger key (same
         # execution / same retries): it is the redelivery we asked for, so record it again.
-        key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                             dispatch_mode=mode, again_after_hand_back=True)
+        # A settled one coming back is new work where only a reset server reuses ids.
+        key = services.store.record_delivery(
+            delivery, instance=services.instance, deadline=deadline, dispatch_mode=mode,
+            again_after_hand_back=True, again_after_settle=services.protocol.settled_id_returns_as_new)
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:
