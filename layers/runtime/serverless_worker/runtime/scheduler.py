@@ -26,6 +26,7 @@ from ..errors import (
     InvalidApiKeyError,
     NotFoundError,
     ProtocolError,
+    ProtocolViolationError,
     RateLimitedError,
     ServerUnavailableError,
     UnknownHandlerError,
@@ -69,6 +70,7 @@ class TickReport:
     stopped: str | None = None
     duration: float = 0.0
     errors: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)  # answers the server sent that could not be used
     unfit: dict[str, str] = field(default_factory=dict)  # handler -> why its timeout can never fit
 
     def as_dict(self) -> dict[str, Any]:
@@ -329,6 +331,9 @@ class Scheduler:
             # A garbage, truncated or oversized answer: the server misbehaves. Back off as
             # for a 5xx; the tick goes on and ends on time.
             self._note_error(report, f"pull: {err}")
+            if isinstance(err, ProtocolViolationError):
+                with self._report_lock:
+                    report.unusable.append(f"pull: {err}")
             log.warning("pull answer unusable: %s", err)
             self._sleep(min(2.0, max(0.0, left)))
             return []
