@@ -147,6 +147,7 @@ class LocalRunner:
         self._swept = 0               # settled items the state file's sweep deleted during the run
         self._started_at = time.time()
         self._recovered = RecoveryReport()
+        self._server_note: str | None = None  # the state file served another server until now
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -166,6 +167,8 @@ class LocalRunner:
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
             self._banner(sandbox, aws, names, dispatcher.concurrency)
+            if self._server_note:
+                self.console.print(f"  {self._server_note}", highlight=False, markup=False)
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
             # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
             resume_pulling(services)
@@ -219,6 +222,9 @@ class LocalRunner:
                                       sweep_interval=min(TTL_SWEEP_SECONDS, max(1.0, retention / 2)),
                                       on_swept=self._forget)
         cleanup.callback(self._state.close)
+        if not self._state.temporary:
+            # A wholly other server: said right below the banner.
+            self._server_note = self._state.claim_server(settings.protocol, display_url(settings.base_url))
         shared: list[Services] = []
 
         def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:

@@ -90,7 +90,7 @@ _BOUND_PER_CHAR = 8
 # a job's writes come within seconds of its record, so a group commit's writes land on the
 # few newest pages, where rows kept in key order (job ids are random) put nearly every
 # write of a group on a page of its own, each page written to the WAL again.
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _TABLE = f"""
 CREATE TABLE IF NOT EXISTS items (
     pk TEXT NOT NULL UNIQUE,
@@ -103,6 +103,11 @@ CREATE TABLE IF NOT EXISTS items (
 _INDEXES = """
 CREATE INDEX IF NOT EXISTS in_flight ON items (scope, deadline) WHERE scope IS NOT NULL;
 CREATE INDEX IF NOT EXISTS expiry ON items (ttl) WHERE ttl IS NOT NULL;
+"""
+# Facts about the file itself, not items of the table (which server its ids came from):
+# version 3 added it, and an older file gains it empty.
+_META = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Version 1 kept rows in key order (WITHOUT ROWID); its rows move over as they are.
 _MIGRATE_FROM_1 = f"""
@@ -286,6 +291,7 @@ class SqliteStateStore:
             for statement in _INDEXES.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            db.execute(_META)
             db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             db.execute("COMMIT")
         except sqlite3.Error as err:
@@ -685,6 +691,29 @@ class SqliteStateStore:
         except sqlite3.Error as err:
             raise StateStoreError(f"SQLite state store scan of {self.path} failed: {err}") from err
         return [dict(json.loads(row[0])) for row in rows]
+
+    # -- the file's own facts (not in the contract: DynamoDB's table belongs to one stack) --
+    def read_meta(self, name: str) -> str | None:
+        """A fact about the file (``server``: which job server its ids came from), or ``None``."""
+        self._count("read")
+        try:
+            row = self._connection().execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store {self.path}: meta read failed: {err}") from err
+        return str(row[0]) if row else None
+
+    def write_meta(self, name: str, value: str) -> None:
+        """Set a fact about the file (last writer wins: one process holds the file)."""
+        self._write(lambda db: db.execute(
+            "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (name, value)))
+
+    def forget_items(self) -> int:
+        """Delete every item (ledger, sessions, counters, control): what a wholly other job
+        server's ids and session meant is nothing to the next one. Returns the ledger items
+        deleted. The file's meta stays."""
+        keys: list[tuple[str]] = self._write(lambda db: db.execute("DELETE FROM items RETURNING pk").fetchall())
+        return sum(1 for (key,) in keys if key.startswith("delivery#"))
 
     # -- in flight -----------------------------------------------------------------
     def _query(self, scope: str, select: str, extra: str, **values: Any) -> list[Any]:
