@@ -168,7 +168,7 @@ class LocalRunner:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
             self._banner(sandbox, aws, names, dispatcher.concurrency)
             if self._server_note:
-                self.console.print(f"  {self._server_note}", highlight=False, markup=False)
+                self.console.print(f"  {self._server_note}", highlight=False, markup=False, soft_wrap=True)
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
             # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
             resume_pulling(services)
