@@ -45,11 +45,12 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def work(protocol: str, url: str, project: Path, **env: str) -> Any:
+def work(protocol: str, url: str, project: Path, idle: float = 4, **env: str) -> Any:
     # idle: longer than a claim-queue back-off after an empty claim (2 s)
     return local("--protocol", protocol, "--url", url, "--api-key-env", "TEST_KEY",
                  "--handler-module", str(project / "my_handlers.py"), "--handlers", "double",
-                 "--concurrency", "4", "--until-idle", "4", env=clean_env(TEST_KEY=SECRET, **env), cwd=project)
+                 "--concurrency", "4", "--until-idle", str(idle), env=clean_env(TEST_KEY=SECRET, **env),
+                 cwd=project)
 
 
 def seeded(admin: SandboxAdmin, protocol: str) -> list[str]:
@@ -136,8 +137,8 @@ def test_answers_the_worker_cannot_use_exit_1_though_every_job_is_done(
     admin.seed({"jobs": [{"type": "double", "variables": {"n": n}, "retries": 3} for n in range(3)]})
     admin.faults([{"kind": "error_5xx", "endpoint": "activate", "status": 200, "count": 2}])
 
-    # when the worker runs until idle
-    result = work("priostack", server.url, project)
+    # when the worker runs until idle (longer than the two back-offs of 2 s after an unusable pull)
+    result = work("priostack", server.url, project, idle=8)
 
     # then every job is done, yet the run ends 1 and lists the unusable answers
     out = result.stdout

@@ -1,5 +1,6 @@
 """A ledger id that comes back: after its item settled (a server that forgot it, reset or
-re-created, hands out new work under it), while it is in flight (a duplicate), and after an
+re-created, hands out new work under it), from a pull sent before its item settled (a
+duplicate that raced our outcome), while it is in flight (a duplicate), and after an
 outcome the server never confirmed (re-reported, never re-run). On every backend."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ S = LedgerStatus
 OUTCOME = Outcome(kind=OutcomeKind.SUCCESS, value={"old": True})
 
 
-def _record(store: StateStore, delivery: Delivery, **flags: bool) -> str | None:
+def _record(store: StateStore, delivery: Delivery, **flags: float) -> str | None:
     return store.record_delivery(delivery, instance="blue", deadline=store._clock() + 60,  # type: ignore[attr-defined]
                                  dispatch_mode="invoke", again_after_hand_back=True, **flags)
 
@@ -54,14 +55,14 @@ SETTLE: dict[str, Callable[[StateStore, Delivery], str]] = {
 
 @pytest.mark.parametrize("settled", list(SETTLE))
 def test_a_settled_id_that_comes_back_is_recorded_as_new_work(store: StateStore, make_delivery: Any,
-                                                              settled: str) -> None:
+                                                              clock: Any, settled: str) -> None:
     # given a Priostack job key whose delivery settled (completed, handed back or dropped)
     key = SETTLE[settled](store, make_delivery("2251799813685249:r3", protocol="priostack"))
     writes = store.ops["write"]
 
-    # when a re-created server hands out a new job under the same key
+    # when a re-created server hands out a new job under the same key, to a pull sent since
     new_job = make_delivery("2251799813685249:r3", protocol="priostack", payload={"n": 7})
-    again = _record(store, new_job, again_after_settle=True)
+    again = _record(store, new_job, settled_before=clock.advance(0.5))
 
     # then it is a new delivery: recorded afresh in one write, in flight, nothing carried over
     assert again == key == ledger_key_for(new_job)
@@ -91,6 +92,24 @@ def test_where_settled_ids_are_never_reused_a_settled_id_stays_a_duplicate(store
     assert item is not None and item.status is S.ACKNOWLEDGED and item.outcome == OUTCOME
 
 
+@pytest.mark.parametrize("settled", ["acknowledged", "discarded"])
+def test_an_id_from_a_pull_sent_before_it_settled_is_a_duplicate(store: StateStore, make_delivery: Any,
+                                                                 clock: Any, settled: str) -> None:
+    # given a pull sent while the job ran (a restarted Priostack server re-activated it) ...
+    asked = clock.now
+    clock.advance(0.5)
+    # ... and the run's outcome settled before the pull's answer was recorded
+    key = SETTLE[settled](store, make_delivery("job-5:r3", protocol="priostack"))
+
+    # when that answer's delivery of the same key is recorded
+    again = _record(store, make_delivery("job-5:r3", protocol="priostack"), settled_before=asked)
+
+    # then it is the job just settled, not new work: a duplicate, the item untouched
+    assert again is None
+    item = store.get(key)
+    assert item is not None and item.status.value == settled.upper()
+
+
 @pytest.mark.parametrize("stage", ["recorded", "running", "outcome_stored"])
 def test_an_id_in_flight_is_a_duplicate_even_where_settled_ids_return_as_new(store: StateStore,
                                                                                make_delivery: Any,
@@ -106,7 +125,7 @@ def test_an_id_in_flight_is_a_duplicate_even_where_settled_ids_return_as_new(sto
 
     # when the same id is handed out again
     again = _record(store, make_delivery("job-9:r3", protocol="priostack", payload={"n": 2}),
-                    again_after_settle=True)
+                    settled_before=store._clock() + 1)  # type: ignore[attr-defined]
 
     # then it is a duplicate: the item keeps its run, and notes the redelivery
     assert again is None
@@ -124,7 +143,7 @@ def test_an_outcome_the_server_never_confirmed_is_reported_again_not_rerun(store
     assert store.mark_acknowledged(key, ReportReceipt(accepted=False, status="not_found"))
 
     # when the server hands the job out again
-    again = _record(store, delivery, again_after_settle=True)
+    again = _record(store, delivery, settled_before=store._clock() + 1)  # type: ignore[attr-defined]
 
     # then the stored outcome is kept for the executor to report: the handler never runs again
     assert again == key

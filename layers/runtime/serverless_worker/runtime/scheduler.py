@@ -11,6 +11,7 @@ moment it is pulled, so capacity never overshoots.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -214,11 +215,12 @@ class Scheduler:
                 self._next_handler = (handlers.index(name) + 1) % len(handlers)
                 # While any queue has work, the others are only peeked at (no long poll):
                 # a second's wait per empty queue per round would starve the busy one.
+                asked = clock()  # before the pull is sent: what settled earlier cannot be in its answer
                 deliveries = self._pull_backlog(report, name, room, end, len(handlers),
                                                 hurry=worked or got > 0)
                 got += len(deliveries)
                 full = full or len(deliveries) >= room
-                in_flight += self._record(deliveries, pending, report)
+                in_flight += self._record(deliveries, pending, report, asked)
             # An all-empty round makes the next one long-poll (never a busy loop); a lone
             # handler has no other queue to starve, so it always long-polls.
             worked = got > 0 and len(handlers) > 1
@@ -381,24 +383,25 @@ class Scheduler:
         return (self.services.settings.liveness == "continuous" and self.services.protocol.needs_session
                 and self.services.keeper.session is not None)
 
-    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport) -> int:
+    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport, asked: float) -> int:
         """Record and dispatch ``deliveries``; returns how many now count in flight.
 
         Where the store writes a batch for less (the local SQLite file), the new ones of a
         batch are recorded here in one transaction and dispatched at once; what it leaves
         (an item exists, or too large) goes to the pool one at a time. Otherwise, and for a
         lone delivery, each goes to the pool, recorded beside the next pull (one DynamoDB
-        request each).
+        request each). ``asked`` is when the pull was sent (see ``_record_and_dispatch``).
         """
         store = self.services.store
+        record_and_dispatch = functools.partial(self._record_and_dispatch, asked=asked)
         if len(deliveries) < 2 or not store.records_in_batches:
-            return pending.submit(self._record_and_dispatch, deliveries, report)
+            return pending.submit(record_and_dispatch, deliveries, report)
         deadline = self._dispatch_deadline()
         modes = [self._mode(delivery) for delivery in deliveries]
         keys = store.record_new(list(zip(deliveries, modes, strict=True)), instance=self.services.instance,
                                 deadline=deadline)
         recorded = list(zip(deliveries, keys, modes, strict=True))
-        pending.submit(self._record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
+        pending.submit(record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
                        report)
         pending.add([self._dispatch(delivery, key, mode, deadline) for delivery, key, mode in recorded
                      if key is not None], report)
@@ -411,16 +414,18 @@ class Scheduler:
         """When a delivery recorded now counts as stranded if no executor has claimed it."""
         return self.services.clock() + self.services.settings.dispatch_timeout_seconds
 
-    def _record_and_dispatch(self, delivery: Delivery) -> str:
+    def _record_and_dispatch(self, delivery: Delivery, *, asked: float) -> str:
         services = self.services
         deadline = self._dispatch_deadline()
         mode = self._mode(delivery)
         # A delivery we handed back earlier comes back under the same ledger key (same
         # execution / same retries): it is the redelivery we asked for, so record it again.
-        # A settled one coming back is new work where only a reset server reuses ids.
+        # One settled before this pull was sent is new work where only a reset server reuses
+        # ids; one settled since may have been handed out before our outcome landed.
+        settled_before = asked if services.protocol.settled_id_returns_as_new else None
         key = services.store.record_delivery(
             delivery, instance=services.instance, deadline=deadline, dispatch_mode=mode,
-            again_after_hand_back=True, again_after_settle=services.protocol.settled_id_returns_as_new)
+            again_after_hand_back=True, settled_before=settled_before)
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:

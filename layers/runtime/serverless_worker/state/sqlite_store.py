@@ -39,7 +39,6 @@ from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
 from .group_commit import GroupCommit
 from .items import (
-    FINAL_STATUSES,
     DispatchMode,
     LedgerItem,
     LedgerStatus,
@@ -502,7 +501,7 @@ class SqliteStateStore:
     # -- delivery ledger: recording and dispatch -----------------------------------
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
                         dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
-                        again_after_settle: bool = False) -> str | None:
+                        settled_before: float | None = None) -> str | None:
         key = ledger_key_for(delivery)
         now = self._clock()
         item = _recorded_item(key, delivery, instance, deadline, dispatch_mode, now)
@@ -514,19 +513,20 @@ class SqliteStateStore:
                           f" OR ({_attr('status')} = '{LedgerStatus.RUNNING.value}'"
                           f" AND substr({_attr('epoch')}, 1, {len(HANDBACK_EPOCH_PREFIX)}) = :handback)"
                           f" OR {_attr('unknown_to_server')} = 1")
-        if again_after_settle:
-            # Or any settled item: a server that forgot it (reset) hands out new work under it.
-            condition += f" OR {_status_in(sorted(FINAL_STATUSES))}"
+        if settled_before is not None:
+            # Or settled before the pull was sent: a server that forgot it (reset) handed out new work.
+            condition += (f" OR ({_status_in([LedgerStatus.ACKNOWLEDGED, LedgerStatus.DISCARDED])}"
+                          f" AND {_attr('updated_at')} < :settled_before)")
         written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                 handback=HANDBACK_EPOCH_PREFIX)
+                                 handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
         if not written:
             # While in flight, note the redelivery (a "not found" report must then be sent again).
             if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),
                             what="the ledger item", returning=False) is not None \
-                    or not (again_after_hand_back or again_after_settle):
+                    or not (again_after_hand_back or settled_before is not None):
                 return None
             written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                     handback=HANDBACK_EPOCH_PREFIX)
+                                     handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
             if not written:
                 return None
         if old.get("unknown_to_server") and old.get("outcome") is not None:

@@ -30,7 +30,7 @@ pk                                     sk          attributes
 Ledger statuses (``LedgerStatus``) and the condition on each transition::
 
     record_delivery   (new)                  -> RECORDED      absent, or final and past its ttl; asked,
-                                                              also handed back or (a reset server) final
+                                                              also handed back, or settled before the pull
     mark_dispatched   RECORDED               -> DISPATCHED
     mark_dispatch_failed RECORDED|DISPATCHED -> DISPATCH_FAILED (deadline = now: reaped next)
     start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch); a hand-back
@@ -259,7 +259,7 @@ class DynamoStateStore:
     # -- delivery ledger: recording and dispatch -----------------------------------
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
                         dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
-                        again_after_settle: bool = False) -> str | None:
+                        settled_before: float | None = None) -> str | None:
         """Write the ledger item before dispatching; returns its key, or ``None`` for a duplicate.
 
         ``deadline`` is when it counts as stranded if no executor has claimed it. With
@@ -267,10 +267,12 @@ class DynamoStateStore:
         handing back asks the server to deliver it again (Pipelogiq requeues the same
         execution, Priostack re-activates the job with the same ``retries``), so its
         return is the expected next delivery, not a duplicate to drop. With
-        ``again_after_settle`` so is one whose item is final in any way: on a protocol
-        whose ids come back only from a server that forgot them (a reset), that is new
-        work (``WorkerProtocol.settled_id_returns_as_new``). Only an item in flight makes
-        a duplicate then.
+        ``settled_before`` (when the pull that brought it was sent) so is one whose item
+        settled (acknowledged, discarded) before then: the server handed the id out again
+        after it had our outcome, which on a protocol whose ids come back only from a
+        server that forgot them (a reset) means new work
+        (``WorkerProtocol.settled_id_returns_as_new``). An item that settled after the pull
+        was sent may have been handed out before our outcome landed: a duplicate.
         """
         key = ledger_key_for(delivery)
         now = self._clock()
@@ -286,11 +288,11 @@ class DynamoStateStore:
             # Or a job whose report the server answered "not found" (a Priostack restart forgot
             # the activation): it comes back under the same key and must not be dropped.
             condition += " OR #unknown_to_server = :yes"
-        if again_after_settle:
-            # Or any settled item: the server hands out a settled id again only once it forgot
-            # it (reset, re-created), so the job under it is new work (docs/ledger.md).
-            condition += " OR #status IN (:acknowledged, :handed_back, :discarded)"
-        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value,
+        if settled_before is not None:
+            # Or an item settled before the pull was sent: the server handed out the id after
+            # it had our outcome, which it does only once it forgot it (reset): new work.
+            condition += " OR (#status IN (:acknowledged, :discarded) AND #updated_at < :settled_before)"
+        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value, "settled_before": settled_before,
                   "acknowledged": LedgerStatus.ACKNOWLEDGED.value, "discarded": LedgerStatus.DISCARDED.value,
                   "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX, "yes": True}
         response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
@@ -299,7 +301,7 @@ class DynamoStateStore:
             # While in flight, note it: a report the server then answers "not found" (a Priostack
             # restart forgot the activation, then re-activated the job) must be sent again.
             if self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
-                                yes=True) or not (again_after_hand_back or again_after_settle):
+                                yes=True) or not (again_after_hand_back or settled_before is not None):
                 return None
             # It went final between the two writes, maybe as unknown to the server: ask again.
             response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
