@@ -126,7 +126,7 @@ def test_a_report_the_server_never_confirms_exits_1_listing_the_job(
     assert result.returncode == 1, f"stdout:\n{out}\nstderr:\n{result.stderr}"
     assert DEFINITE not in out
     assert f"{key}  outcome stored, report not confirmed" in out
-    assert "1 deliveries left without a definite outcome on the server" in out
+    assert "1 delivery left without a definite outcome on the server" in out
     assert [job["state"] for job in admin.jobs()] == ["active"]
 
 

@@ -80,7 +80,7 @@ def test_the_old_servers_deliveries_in_flight_stop_the_run(state: LocalState) ->
 
     # then the run stops naming the old server and the way out; nothing is forgotten
     message = str(refused.value)
-    assert f"1 deliveries still in flight from the priostack server at {OLD}" in message
+    assert f"1 delivery still in flight from the priostack server at {OLD}" in message
     assert "--state PATH" in message
     assert state.store.get(key) is not None
     assert state.claim_server("priostack", OLD) is None

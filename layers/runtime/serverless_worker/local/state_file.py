@@ -90,7 +90,8 @@ class LocalState:
                     if LedgerStatus(doc["status"]) not in FINAL_STATUSES]
             if left:
                 raise ConfigurationError(
-                    f"state file {self.path} holds {len(left)} deliveries still in flight from the "
+                    f"state file {self.path} holds {len(left)} deliver{'y' if len(left) == 1 else 'ies'} "
+                    "still in flight from the "
                     f"{_described(before)}; run against that server once to settle them, or give "
                     f"the {_described(server)} its own file with --state PATH")
             forgotten = self.store.forget_items()

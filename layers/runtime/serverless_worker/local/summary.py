@@ -294,7 +294,8 @@ def render_summary(summary: RunSummary) -> Any:
     if summary.definite:
         in_flight = "none: every delivery has a definite outcome"
     else:
-        in_flight = f"{len(summary.unsettled)} deliveries without a definite outcome, listed below"
+        count = len(summary.unsettled)
+        in_flight = f"{count} deliver{'y' if count == 1 else 'ies'} without a definite outcome, listed below"
     jobs.add_row("still in flight", str(summary.in_flight), in_flight)
     jobs.add_row("handler runs", str(summary.handler_runs), "continuation slices count each")
     if summary.executor_errors:

@@ -550,8 +550,10 @@ class LocalRunner:
             self.console.print(f"serverless-worker local: {stop.reason}", highlight=False, markup=False)
             return stop.exit_status
         if not summary.definite:
-            self.console.print(f"serverless-worker local: {len(summary.unsettled)} deliveries left without a "
-                               "definite outcome on the server (listed above)", highlight=False, markup=False)
+            count = len(summary.unsettled)
+            self.console.print(f"serverless-worker local: {count} deliver{'y' if count == 1 else 'ies'} left "
+                               "without a definite outcome on the server (listed above)", highlight=False,
+                               markup=False)
             return EXIT_INCOMPLETE
         if summary.unusable:
             self.console.print(f"serverless-worker local: the server sent {sum(summary.unusable.values())} "
