@@ -258,3 +258,17 @@ def test_a_token_not_allowed_on_the_queue_is_forbidden_there_only(serve, admin_f
         pull(client_for(server), None)
     assert refused.value.status == 403
     assert len(pull(client_for(server, token="other-token"), None)) == 1
+
+
+def test_sequential_ids_start_over_when_the_queue_is_reset(serve, admin_for) -> None:
+    # given a queue whose item ids come from a counter that starts with the server
+    admin = admin_for(serve("claimqueue", sequential_ids=True))
+    first = admin.seed({"queue": "q", "items": [{"n": 1}, {"n": 2}]})
+
+    # when it is re-created (reset) and seeded again
+    admin.reset()
+    again = admin.seed({"queue": "q", "items": [{"n": 3}, {"n": 4}]})
+
+    # then the new items carry the ids of the last ones
+    assert again == first and len(set(first)) == 2
+    assert [item["id"] for item in admin.jobs()] == first

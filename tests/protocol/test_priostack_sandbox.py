@@ -309,3 +309,20 @@ def test_a_bad_seed_is_refused(env) -> None:
     raw_http, _ = env()
     resp = requests.post(raw_http.url + "/_admin/jobs", json={"jobs": [{"variables": {}}]}, timeout=10)
     assert resp.status_code == 400
+
+
+def test_sequential_keys_start_over_when_the_server_is_reset(env) -> None:
+    # given a sandbox keyed as a development server: from counters that start with the server
+    raw_http, admin = env(sequential_keys=True)
+    first = admin.seed({"jobs": [{"type": "t", "count": 3}]})
+    [job] = raw_http.activate({"type": "t", "maxJobsToActivate": 1})
+    assert raw_http.call("POST", f"/jobs/{job['key']}/complete").status_code == 204
+
+    # when it is re-created (reset) and seeded again
+    admin.reset()
+    again = admin.seed({"jobs": [{"type": "t", "count": 3}]})
+
+    # then the new jobs carry the keys of the last ones, and the completed key is active work again
+    assert again == first and len(set(first)) == 3
+    activated = raw_http.activate({"type": "t", "maxJobsToActivate": 3})
+    assert [j["key"] for j in activated] == first and job["key"] in first

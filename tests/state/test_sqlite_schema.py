@@ -54,7 +54,7 @@ def test_a_version_1_file_is_migrated_and_its_delivery_settles(tmp_path: Path) -
         with sqlite3.connect(path) as db:
             table = db.execute("SELECT sql FROM sqlite_master WHERE name = 'items'").fetchone()[0]
             assert "WITHOUT ROWID" not in table.upper()
-            assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 3
             assert {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")} >= {
                 "in_flight", "expiry"}
         assert [item.key for item in store.in_flight("priostack", "i-1")] == [key]
@@ -83,3 +83,24 @@ def test_a_current_file_opens_again_unchanged(tmp_path: Path) -> None:
         item = store.get(key or "")
         assert item is not None and json.loads(json.dumps(item.delivery.wire)) == {"id": "a"}
         assert [i.key for i in store.in_flight("claimqueue", "i-1")] == [key]
+
+
+def test_a_version_2_file_gains_the_meta_table_and_keeps_its_items(tmp_path: Path) -> None:
+    # given a file of version 2: the current items table, no meta table
+    path = tmp_path / "state.sqlite3"
+    delivery = Delivery(protocol="priostack", handler="echo", job_id="j-2", ledger_id="j-2:r3", payload={})
+    with closing(SqliteStateStore(path)) as store:
+        key = store.record_delivery(delivery, instance="i-1", deadline=time.time() + 60, dispatch_mode="invoke")
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE meta")
+        db.execute("PRAGMA user_version = 2")
+
+    # when a store opens it
+    with closing(SqliteStateStore(path)) as store:
+        # then it is version 3, the meta table works, and the delivery is still in flight
+        assert store.read_meta("server") is None
+        store.write_meta("server", "priostack http://127.0.0.1:8081")
+        assert store.read_meta("server") == "priostack http://127.0.0.1:8081"
+        assert [item.key for item in store.in_flight("priostack", "i-1")] == [key]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3

@@ -9,6 +9,11 @@ delivered again (a retry, a redelivery) is one job, whose outcome is its last re
 result, else how its last delivery ended. The runtime tells the observer of each
 delivery recorded and settled (``runtime.services.DeliveryWatcher``), so the live status
 line and the summary count the same unit.
+
+What the run leaves without a definite outcome, and the server answers it could not use,
+are fed here by whichever part of the run finds them (:meth:`RunObserver.unsettled`,
+:meth:`RunObserver.unusable_answer`); the summary lists them and the exit status is then
+non-zero.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +63,8 @@ class RunObserver:
         self.handler_runs = 0
         self.handler_starts: dict[str, float] = {}  # ledger id -> wall time the handler first started
         self._jobs: dict[str, _Job] = {}             # job id -> its deliveries (DeliveryWatcher)
+        self._unsettled: dict[str, str] = {}         # job id -> why it has no definite outcome
+        self._unusable: Counter[str] = Counter()     # answers the worker could not use, by reason
         self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
 
     def restart_clock(self) -> None:
@@ -98,6 +106,39 @@ class RunObserver:
             job.last = how
             if how in ("done", "failed"):
                 job.reported = how
+
+    # -- what the summary lists and the exit status stands on -------------------------------
+    def unsettled(self, job_id: str, reason: str) -> None:
+        """A delivery this run took and leaves without a definite outcome on the server.
+
+        Call it where the run gives the delivery up, with the job's id (``delivery.job_id``,
+        or the raw id when no delivery could be built) and a short why, e.g.
+        ``"activated, never completed: stranded"``, ``"handler still running at shutdown"``,
+        ``"report not confirmed"``, ``"unaddressable: executionId missing"``. The summary
+        lists each job once (the first reason given wins; a ledger item still in flight is
+        listed even if nobody calls this), and the run exits ``EXIT_INCOMPLETE`` (1).
+        Thread-safe and without I/O: callable from any thread, a signal path excepted."""
+        with self._lock:
+            self._unsettled.setdefault(str(job_id), str(reason))
+
+    def unusable_answer(self, reason: str) -> None:
+        """The server sent an answer the worker could not use (a body that does not decode,
+        a delivery that cannot be addressed, a shape the protocol does not allow). Counted
+        by ``reason`` (keep it free of ids, so equal causes add up: ``"pull: response body
+        is not JSON"``); the summary lists them and the run exits ``EXIT_INCOMPLETE`` (1).
+        Thread-safe and without I/O."""
+        with self._lock:
+            self._unusable[str(reason)] += 1
+
+    def unsettled_deliveries(self) -> dict[str, str]:
+        """Job id -> why, as reported to :meth:`unsettled` so far."""
+        with self._lock:
+            return dict(self._unsettled)
+
+    def unusable_answers(self) -> Counter[str]:
+        """Reason -> how many answers, as reported to :meth:`unusable_answer` so far."""
+        with self._lock:
+            return Counter(self._unusable)
 
     def jobs(self) -> JobCounts:
         """Every job so far, each counted once, where it stands."""

@@ -9,6 +9,11 @@ dead process, so two live processes must never share the file: an exclusive ``fl
 SIGKILL, so a crash never leaves the file locked. Unset, the state is a temporary file
 removed at the end (the built-in demo, whose sandbox dies with the run too).
 
+The file also says which job server its ids came from (``claim_server``): pointed at a
+wholly other server, a run says so in one line and starts the file afresh, since the
+other server's ids, settled or not, mean nothing to this one; unless the old server's
+deliveries are still in flight, which only that server can settle (then it stops, exit 2).
+
 Example::
 
     state = LocalState.open(".serverless-worker/state.sqlite3", final_retention_seconds=600)
@@ -26,9 +31,12 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import ConfigurationError
+from ..state.items import FINAL_STATUSES, LedgerStatus
 from ..state.sqlite_store import SqliteStateStore
 
 __all__ = ["LocalState"]
+
+_SERVER = "server"  # the meta fact: "{protocol} {url}" of the job server the file's ids came from
 
 
 class LocalState:
@@ -70,6 +78,30 @@ class LocalState:
             raise
         return cls(store, file, lock, temporary)
 
+    def claim_server(self, protocol: str, url: str) -> str | None:
+        """Note that this file now serves the ``protocol`` server at ``url`` (shown without
+        credentials). When it served another one, forget that server's items and return the
+        line that says so; ``ConfigurationError`` when that server's deliveries are still in
+        flight (reporting them here would reach the wrong server, or strand them there)."""
+        server = f"{protocol} {url.rstrip('/')}"
+        before = self.store.read_meta(_SERVER)
+        if before is not None and before != server:
+            left = [doc for doc in self.store.ledger_documents()
+                    if LedgerStatus(doc["status"]) not in FINAL_STATUSES]
+            if left:
+                raise ConfigurationError(
+                    f"state file {self.path} holds {len(left)} deliver{'y' if len(left) == 1 else 'ies'} "
+                    "still in flight from the "
+                    f"{_described(before)}; run against that server once to settle them, or give "
+                    f"the {_described(server)} its own file with --state PATH")
+            forgotten = self.store.forget_items()
+            self.store.write_meta(_SERVER, server)
+            return (f"state file {self.path} was used with the {_described(before)}; this is another server: "
+                    f"its {forgotten} settled deliveries are forgotten and every job id is new here")
+        if before is None:
+            self.store.write_meta(_SERVER, server)
+        return None
+
     def close(self) -> None:
         """Close the store's connections, then let the file go (a temporary one is deleted)."""
         self.store.close()
@@ -106,3 +138,8 @@ def _lock(file: Path) -> IO[str] | None:
 def _release(handle: IO[str] | None) -> None:
     if handle is not None:
         handle.close()  # closing the descriptor drops the flock
+
+
+def _described(server: str) -> str:
+    protocol, _, url = server.partition(" ")
+    return f"{protocol} server at {url}"

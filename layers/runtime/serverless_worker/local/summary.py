@@ -8,6 +8,13 @@ it, else the time the job was pulled. Latencies are labelled by where they start
 "created → ..." only for jobs whose creation time the server gave, "pulled → ..." for
 the others (a latency from the pull is not one from the job's creation, and leaves out
 the time the job waited on the server).
+
+The exit status stands on :attr:`RunSummary.definite`: every delivery this run took has a
+definite outcome on the server. What has not is listed, job id and why: each ledger item
+still in flight (its status says why, ``unsettled_reason``), each whose settling was
+abandoned, and what other parts of the run reported to the observer
+(``RunObserver.unsettled``); and so are the server's answers the worker could not use
+(``RunObserver.unusable_answer``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from ..outcome import OutcomeKind
 from ..state import FINAL_STATUSES, LedgerStatus
 from ..state.items import delivery_record
 
-__all__ = ["JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize"]
+__all__ = ["JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize",
+           "unsettled_reason"]
 
 _REPORTED = frozenset({LedgerStatus.REPORTED, LedgerStatus.ACKNOWLEDGED})
 SOURCE_ADMIN = "sandbox admin history"
@@ -43,6 +51,32 @@ class JobRecord:
     created_at: float | None     # as the protocol said (Delivery.created_at)
     pulled_at: float
     reported_at: float | None
+    error: str | None = None          # why it was handed back, discarded or abandoned
+    unconfirmed: bool = False         # the server answered "not found" or settling was abandoned
+
+
+# Why a ledger item still in flight at the end has no definite outcome on the server.
+_IN_FLIGHT_REASONS = {
+    LedgerStatus.RECORDED: "taken, never started",
+    LedgerStatus.DISPATCHED: "taken, never started",
+    LedgerStatus.DISPATCH_FAILED: "dispatch failed, never handed back",
+    LedgerStatus.RUNNING: "handler still running at shutdown",
+    LedgerStatus.OUTCOME_STORED: "outcome stored, report not confirmed",
+    LedgerStatus.REPORTED: "reported, acknowledgement not confirmed",
+}
+_REASON_MAX = 160
+
+
+def unsettled_reason(record: JobRecord) -> str | None:
+    """Why this delivery has no definite outcome on the server, or ``None`` when it has:
+    every status in flight, and a delivery whose settling was given up (``mark_abandoned``:
+    discarded, unconfirmed), which the server still holds."""
+    if record.status in _IN_FLIGHT_REASONS:
+        return _IN_FLIGHT_REASONS[record.status]
+    if record.status is LedgerStatus.DISCARDED and record.unconfirmed:
+        why = f"settling abandoned: {record.error or 'no reason recorded'}"
+        return why if len(why) <= _REASON_MAX else why[:_REASON_MAX - 3] + "..."
+    return None
 
 
 def ledger_records(items: Iterable[Mapping[str, Any]]) -> list[JobRecord]:
@@ -57,7 +91,8 @@ def ledger_records(items: Iterable[Mapping[str, Any]]) -> list[JobRecord]:
             handler=str(delivery["handler"]), status=status,
             outcome=OutcomeKind(outcome["kind"]) if outcome else None,
             created_at=delivery.get("created_at"), pulled_at=float(delivery["pulled_at"]),
-            reported_at=_reported_at(dict(attrs), status)))
+            reported_at=_reported_at(dict(attrs), status), error=attrs.get("error"),
+            unconfirmed=bool(attrs.get("unknown_to_server", False))))
     return records
 
 
@@ -104,6 +139,8 @@ class RunSummary:
     server_calls: dict[str, int] | None = None
     store_ops: dict[str, int] = field(default_factory=dict)
     busy_seconds: float | None = None  # first pull to last reported result
+    unsettled: dict[str, str] = field(default_factory=dict)  # job id -> why it has no definite outcome
+    unusable: Counter[str] = field(default_factory=Counter)  # server answers not usable, by reason
 
     @property
     def failed_total(self) -> int:
@@ -111,16 +148,22 @@ class RunSummary:
 
     @property
     def definite(self) -> bool:
-        """Every job taken reached a definite outcome: nothing left in flight or stranded."""
-        return self.in_flight == 0
+        """Every delivery taken reached a definite outcome on the server: nothing left in
+        flight, stranded or abandoned."""
+        return self.in_flight == 0 and not self.unsettled
 
 
 def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handler_starts: Mapping[str, float],
               handler_runs: int, executor_errors: int, admin_created: Mapping[str, float] | None,
               client_calls: Mapping[str, int], server_calls: Mapping[str, int] | None,
-              store_ops: Mapping[str, int]) -> RunSummary:
+              store_ops: Mapping[str, int], unsettled: Mapping[str, str] | None = None,
+              unusable: Mapping[str, int] | None = None) -> RunSummary:
     """Count jobs, not deliveries: a job delivered twice (a retry, a redelivery after a lost
-    connection) is one job, and its outcome is that of its last reported delivery."""
+    connection) is one job, and its outcome is that of its last reported delivery.
+
+    ``unsettled`` (job id -> why) and ``unusable`` (reason -> answers) are what the run's
+    other parts reported (``RunObserver``); the ledger's own unsettled deliveries join them,
+    a reason reported by the run taking precedence over the one the ledger's status gives."""
     by_job: dict[str, list[JobRecord]] = {}
     for record in sorted(records, key=lambda r: r.pulled_at):
         by_job.setdefault(record.job_id, []).append(record)
@@ -134,6 +177,12 @@ def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handle
     if pulled and reported:
         summary.busy_seconds = max(0.0, max(reported) - min(pulled))
     summary.in_flight = sum(1 for record in records if record.status not in FINAL_STATUSES)
+    summary.unsettled = dict(unsettled or {})
+    for record in records:
+        reason = unsettled_reason(record)
+        if reason is not None:
+            summary.unsettled.setdefault(record.job_id, reason)
+    summary.unusable = Counter(dict(unusable or {}))
     for deliveries in by_job.values():
         _count_job(summary, deliveries, admin_created, handler_starts)
     return summary
@@ -174,6 +223,36 @@ def _created(record: JobRecord, admin_created: Mapping[str, float] | None) -> tu
 
 # -- rendering --------------------------------------------------------------------------------
 
+_LISTED_MAX = 20  # deliveries (and answer reasons) listed one a line; the rest are counted
+
+
+def _printable(text: str) -> str:
+    """Server-given text (job ids, error messages) with control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _trouble(summary: RunSummary) -> list[Any]:
+    """The deliveries without a definite outcome and the unusable answers, one a line."""
+    from rich.text import Text
+
+    parts: list[Any] = []
+    if summary.unsettled:
+        lines = [f"without a definite outcome on the server ({len(summary.unsettled)}): job id, why"]
+        items = sorted(summary.unsettled.items())
+        lines += [f"  {_printable(job_id)}  {_printable(why)}" for job_id, why in items[:_LISTED_MAX]]
+        if len(items) > _LISTED_MAX:
+            lines.append(f"  ... and {len(items) - _LISTED_MAX} more")
+        parts.append(Text("\n".join(lines) + "\n", style="bold red"))
+    if summary.unusable:
+        total = sum(summary.unusable.values())
+        lines = [f"answers from the server the worker could not use ({total}):"]
+        common = summary.unusable.most_common()
+        lines += [f"  {count}  {_printable(reason)}" for reason, count in common[:_LISTED_MAX]]
+        if len(common) > _LISTED_MAX:
+            lines.append(f"  ... and {len(common) - _LISTED_MAX} other reasons")
+        parts.append(Text("\n".join(lines) + "\n", style="bold red"))
+    return parts
+
 _KIND_NAMES = {"business_error": "business rejection", "bad_input": "bad input", "failure": "error",
                "timeout": "timeout"}
 
@@ -212,9 +291,12 @@ def render_summary(summary: RunSummary) -> Any:
     jobs.add_row("handed back", str(summary.handed_back), "returned unstarted, no attempt used")
     if summary.discarded:
         jobs.add_row("discarded", str(summary.discarded), "stale, refused or lost lease; no result")
-    jobs.add_row("still in flight", str(summary.in_flight),
-                 "none: every delivery has a definite outcome" if summary.definite
-                 else "deliveries left without an outcome")
+    if summary.definite:
+        in_flight = "none: every delivery has a definite outcome"
+    else:
+        count = len(summary.unsettled)
+        in_flight = f"{count} deliver{'y' if count == 1 else 'ies'} without a definite outcome, listed below"
+    jobs.add_row("still in flight", str(summary.in_flight), in_flight)
     jobs.add_row("handler runs", str(summary.handler_runs), "continuation slices count each")
     if summary.executor_errors:
         jobs.add_row("executor errors", str(summary.executor_errors), "invocations that failed every retry")
@@ -244,7 +326,7 @@ def render_summary(summary: RunSummary) -> Any:
     if summary.server_calls is not None:
         total_row.append(str(sum(summary.server_calls.values())))
     calls.add_row(*total_row, style="bold")
-    parts: list[Any] = [jobs, calls]
+    parts: list[Any] = [jobs, *_trouble(summary), calls]
     ops = summary.store_ops
     if ops and summary.taken:
         reads, writes = ops.get("read", 0) / summary.taken, ops.get("write", 0) / summary.taken

@@ -15,8 +15,10 @@ file settles them before its first tick (``local/recovery.py``).
 
 Stopping (Ctrl-C, SIGTERM, or ``until_idle_seconds`` without work) is the runtime's
 drain: stop pulling, hand back what never started, let running jobs finish, shut the
-worker down; then the summary. The exit status is 0 only when the ledger says every job
-taken reached a definite outcome.
+worker down; then the summary. The exit status is 0 only when every delivery taken reached
+a definite outcome on the server (the ledger, and what the run reported to the observer:
+``RunObserver.unsettled``) and every answer of the server could be used
+(``RunObserver.unusable_answer``); the summary lists what did not.
 
 Example::
 
@@ -77,7 +79,9 @@ __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"
 
 log = logging.getLogger("serverless_worker.local")
 
-EXIT_INCOMPLETE = 1      # a job was left without a definite outcome, or the server was never reached
+EXIT_INCOMPLETE = 1      # a delivery was left without a definite outcome, the server sent answers
+                         # the worker could not use (RunObserver.unsettled, .unusable_answer), or
+                         # the server was never reached
 EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permissions, names), or
                          # speaks a protocol version none of whose deliveries can be addressed
 EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
@@ -144,6 +148,7 @@ class LocalRunner:
         self._swept = 0               # settled items the state file's sweep deleted during the run
         self._started_at = time.time()
         self._recovered = RecoveryReport()
+        self._server_note: str | None = None  # the state file served another server until now
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -163,6 +168,8 @@ class LocalRunner:
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
             self._banner(sandbox, aws, names, dispatcher.concurrency)
+            if self._server_note:
+                self.console.print(f"  {self._server_note}", highlight=False, markup=False, soft_wrap=True)
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
             # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
             resume_pulling(services)
@@ -216,6 +223,9 @@ class LocalRunner:
                                       sweep_interval=min(TTL_SWEEP_SECONDS, max(1.0, retention / 2)),
                                       on_swept=self._forget)
         cleanup.callback(self._state.close)
+        if not self._state.temporary:
+            # A wholly other server: said right below the banner.
+            self._server_note = self._state.claim_server(settings.protocol, display_url(settings.base_url))
         shared: list[Services] = []
 
         def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
@@ -396,6 +406,8 @@ class LocalRunner:
                             min(10.0, 0.5 * 2 ** failures))
                 self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
                 continue
+            for reason in report.unusable:
+                self._observer.unusable_answer(reason)
             if self._reached(report):
                 self._reached_server, failures, self._last_warning = True, 0, ""
             self._first_tick_done.set()
@@ -532,7 +544,8 @@ class LocalRunner:
                          seconds=seconds, handler_starts=dict(observer.handler_starts),
                          handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
                          admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
-                         store_ops=dict(services.store.ops))
+                         store_ops=dict(services.store.ops), unsettled=observer.unsettled_deliveries(),
+                         unusable=observer.unusable_answers())
 
     def _exit_status(self, summary: RunSummary, forced: bool) -> int:
         stop = self._stop
@@ -543,8 +556,14 @@ class LocalRunner:
             self.console.print(f"serverless-worker local: {stop.reason}", highlight=False, markup=False)
             return stop.exit_status
         if not summary.definite:
-            self.console.print(f"serverless-worker local: {summary.in_flight} deliveries left without a "
-                               "definite outcome", highlight=False, markup=False)
+            count = len(summary.unsettled)
+            self.console.print(f"serverless-worker local: {count} deliver{'y' if count == 1 else 'ies'} left "
+                               "without a definite outcome on the server (listed above)", highlight=False,
+                               markup=False)
+            return EXIT_INCOMPLETE
+        if summary.unusable:
+            self.console.print(f"serverless-worker local: the server sent {sum(summary.unusable.values())} "
+                               "answers the worker could not use (listed above)", highlight=False, markup=False)
             return EXIT_INCOMPLETE
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:

@@ -172,6 +172,10 @@ class WorkerProtocol(ABC):
     parallel_pulls: ClassVar[int] = 1          # pull calls at once while a backlog lasts (one item per call)
     batch_pull: ClassVar[bool] = False         # one pull call hands out up to a whole batch
     max_events_per_batch: ClassVar[int] = 200
+    # A ledger id whose delivery settled comes back only from a server that forgot it (a
+    # reset or re-created server reusing its ids): new work, to be recorded and run. False
+    # where every execution gets a fresh id, so a settled one delivered again is a duplicate.
+    settled_id_returns_as_new: ClassVar[bool] = True
 
     # -- session -------------------------------------------------------------
     def open_session(self, identity: WorkerIdentity) -> SessionState | None:

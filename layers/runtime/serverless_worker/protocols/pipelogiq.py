@@ -157,6 +157,9 @@ class PipelogiqClient(HttpProtocolClient):
     supports_events: ClassVar[bool] = True
     long_poll: ClassVar[bool] = True  # the server waits up to waitSeconds for work
     max_events_per_batch: ClassVar[int] = 200
+    # Every execution has its own id (the server's UUID, fenced by the lease's attempt): a
+    # settled one delivered again is the broker's duplicate, acknowledged away unrun.
+    settled_id_returns_as_new: ClassVar[bool] = False
 
     credential_label: ClassVar[str] = "Pipelogiq API key"
 

@@ -11,6 +11,7 @@ moment it is pulled, so capacity never overshoots.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from ..errors import (
     InvalidApiKeyError,
     NotFoundError,
     ProtocolError,
+    ProtocolViolationError,
     RateLimitedError,
     ServerUnavailableError,
     UnknownHandlerError,
@@ -69,6 +71,7 @@ class TickReport:
     stopped: str | None = None
     duration: float = 0.0
     errors: list[str] = field(default_factory=list)
+    unusable: list[str] = field(default_factory=list)  # answers the server sent that could not be used
     unfit: dict[str, str] = field(default_factory=dict)  # handler -> why its timeout can never fit
 
     def as_dict(self) -> dict[str, Any]:
@@ -212,11 +215,12 @@ class Scheduler:
                 self._next_handler = (handlers.index(name) + 1) % len(handlers)
                 # While any queue has work, the others are only peeked at (no long poll):
                 # a second's wait per empty queue per round would starve the busy one.
+                asked = clock()  # before the pull is sent: what settled earlier cannot be in its answer
                 deliveries = self._pull_backlog(report, name, room, end, len(handlers),
                                                 hurry=worked or got > 0)
                 got += len(deliveries)
                 full = full or len(deliveries) >= room
-                in_flight += self._record(deliveries, pending, report)
+                in_flight += self._record(deliveries, pending, report, asked)
             # An all-empty round makes the next one long-poll (never a busy loop); a lone
             # handler has no other queue to starve, so it always long-polls.
             worked = got > 0 and len(handlers) > 1
@@ -329,6 +333,9 @@ class Scheduler:
             # A garbage, truncated or oversized answer: the server misbehaves. Back off as
             # for a 5xx; the tick goes on and ends on time.
             self._note_error(report, f"pull: {err}")
+            if isinstance(err, ProtocolViolationError):
+                with self._report_lock:
+                    report.unusable.append(f"pull: {err}")
             log.warning("pull answer unusable: %s", err)
             self._sleep(min(2.0, max(0.0, left)))
             return []
@@ -376,24 +383,25 @@ class Scheduler:
         return (self.services.settings.liveness == "continuous" and self.services.protocol.needs_session
                 and self.services.keeper.session is not None)
 
-    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport) -> int:
+    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport, asked: float) -> int:
         """Record and dispatch ``deliveries``; returns how many now count in flight.
 
         Where the store writes a batch for less (the local SQLite file), the new ones of a
         batch are recorded here in one transaction and dispatched at once; what it leaves
         (an item exists, or too large) goes to the pool one at a time. Otherwise, and for a
         lone delivery, each goes to the pool, recorded beside the next pull (one DynamoDB
-        request each).
+        request each). ``asked`` is when the pull was sent (see ``_record_and_dispatch``).
         """
         store = self.services.store
+        record_and_dispatch = functools.partial(self._record_and_dispatch, asked=asked)
         if len(deliveries) < 2 or not store.records_in_batches:
-            return pending.submit(self._record_and_dispatch, deliveries, report)
+            return pending.submit(record_and_dispatch, deliveries, report)
         deadline = self._dispatch_deadline()
         modes = [self._mode(delivery) for delivery in deliveries]
         keys = store.record_new(list(zip(deliveries, modes, strict=True)), instance=self.services.instance,
                                 deadline=deadline)
         recorded = list(zip(deliveries, keys, modes, strict=True))
-        pending.submit(self._record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
+        pending.submit(record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
                        report)
         pending.add([self._dispatch(delivery, key, mode, deadline) for delivery, key, mode in recorded
                      if key is not None], report)
@@ -406,14 +414,18 @@ class Scheduler:
         """When a delivery recorded now counts as stranded if no executor has claimed it."""
         return self.services.clock() + self.services.settings.dispatch_timeout_seconds
 
-    def _record_and_dispatch(self, delivery: Delivery) -> str:
+    def _record_and_dispatch(self, delivery: Delivery, *, asked: float) -> str:
         services = self.services
         deadline = self._dispatch_deadline()
         mode = self._mode(delivery)
         # A delivery we handed back earlier comes back under the same ledger key (same
         # execution / same retries): it is the redelivery we asked for, so record it again.
-        key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                             dispatch_mode=mode, again_after_hand_back=True)
+        # One settled before this pull was sent is new work where only a reset server reuses
+        # ids; one settled since may have been handed out before our outcome landed.
+        settled_before = asked if services.protocol.settled_id_returns_as_new else None
+        key = services.store.record_delivery(
+            delivery, instance=services.instance, deadline=deadline, dispatch_mode=mode,
+            again_after_hand_back=True, settled_before=settled_before)
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:

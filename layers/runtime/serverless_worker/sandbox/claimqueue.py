@@ -84,6 +84,9 @@ class ClaimQueueSandboxConfig(BaseModel):
     # as a server with provisioned queues answers a misspelt name.
     known_queues: list[str] | None = None
     sweep_interval: float = Field(default=0.1, gt=0)
+    # Item ids from a counter that a reset starts over (a queue on a re-created database):
+    # the new items get the ids the last ones had.
+    sequential_ids: bool = False
 
 
 class SeedQueue(BaseModel):
@@ -211,19 +214,25 @@ class ClaimQueueSandbox(Sandbox):
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
         self._items: dict[str, _Item] = {}  # insertion order is creation order
+        self._ids = itertools.count(1)  # sequential_ids: the server's id counter
         self._socket_ids = itertools.count(1)
         self._open_sockets: dict[int, WebSocket] = {}  # closed by a restart
 
     # -- admin -------------------------------------------------------------------------
     def reset(self) -> None:
         self._items.clear()
+        self._ids = itertools.count(1)
+
+    def _new_id(self) -> str:
+        """A fresh item id: random, or the next of the counter (``sequential_ids``)."""
+        return f"item-{next(self._ids)}" if self.config.sequential_ids else secrets.token_hex(8)
 
     def seed(self, body: Any) -> list[str]:
         seeds = [validate_body(SeedQueue, one) for one in (body if isinstance(body, list) else [body])]
         created: list[str] = []
         for one in seeds:
             for payload in one.items:
-                item = _Item(id=secrets.token_hex(8), queue=one.queue, item=payload, created_at=time.time())
+                item = _Item(id=self._new_id(), queue=one.queue, item=payload, created_at=time.time())
                 item.record("created")
                 self._items[item.id] = item
                 created.append(item.id)

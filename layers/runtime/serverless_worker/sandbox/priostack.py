@@ -26,11 +26,15 @@ Choices where the documents are silent:
   client's handling of a server that ignores ``maxJobsToActivate`` can be tested.
 - ``numeric_keys`` turns job, instance and definition keys into JSON numbers in
   activation answers only (for bad-input tests).
+- ``sequential_keys`` (off by default) takes job and instance keys from counters that
+  start over with the server, as a development server's do: after ``/_admin/reset`` (a
+  re-created server) the new jobs get the keys the last ones had.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import secrets
 import time
@@ -51,6 +55,8 @@ __all__ = ["PriostackSandbox", "PriostackSandboxConfig", "SeedBody", "SeedJob"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
+# Where a development server's key counter starts (the number has the size of real keys).
+_FIRST_SEQUENTIAL_KEY = 2251799813685249
 
 
 class PriostackSandboxConfig(BaseModel):
@@ -61,6 +67,7 @@ class PriostackSandboxConfig(BaseModel):
     deadline_ms: int = Field(default=300_000, ge=0)  # informational deadline after activation
     zero_created_at: bool = True      # createdAt as Go's zero time, like the documents
     overdeliver: int = Field(default=0, ge=0)  # quirk: hand out this many jobs beyond the maximum
+    sequential_keys: bool = False     # keys from counters that a reset starts over (a dev server's)
 
 
 class SeedJob(BaseModel):
@@ -154,6 +161,13 @@ class PriostackSandbox(Sandbox):
         self._waiting: dict[str, None] = {}  # insertion-ordered queue of activatable job keys
         self._incidents: list[dict[str, Any]] = []
         self._workers: dict[str, dict[str, Any]] = {}
+        self._keys = itertools.count(_FIRST_SEQUENTIAL_KEY)  # sequential_keys: the server's key counter
+
+    def _new_key(self, prefix: str = "") -> str:
+        """A fresh job or instance key: random, or the next of the counter (``sequential_keys``)."""
+        if self.config.sequential_keys:
+            return f"{prefix}{next(self._keys):x}"
+        return f"{prefix}{secrets.token_hex(10)}"
 
     # -- admin ------------------------------------------------------------------------
     def seed(self, body: Any) -> list[str]:
@@ -165,7 +179,7 @@ class PriostackSandbox(Sandbox):
             retries = spec.retries if spec.retries is not None else self.config.default_retries
             for _ in range(spec.count):
                 instance = _Instance(
-                    key=f"run_{secrets.token_hex(10)}",
+                    key=self._new_key("run_"),
                     definition_key=hashlib.sha1(spec.type.encode()).hexdigest()[:20],
                     owner=owner, variables=dict(spec.variables), pending=list(spec.then), retries=retries)
                 self._instances[instance.key] = instance
@@ -401,7 +415,7 @@ class PriostackSandbox(Sandbox):
 
     def _create_job(self, instance: _Instance, job_type: str,
                     overrides: dict[str, Any] | None = None) -> _Job:
-        job = _Job(key=secrets.token_hex(10), type=job_type, instance=instance, retries=instance.retries,
+        job = _Job(key=self._new_key(), type=job_type, instance=instance, retries=instance.retries,
                    input_variables=dict(instance.variables), wire_overrides=dict(overrides or {}))
         job.retries_history.append(job.retries)
         self._jobs[job.key] = job

@@ -46,7 +46,15 @@ class StateStore(Protocol):
 
     # -- ledger: recording and dispatch
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None: ...
+                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
+                        settled_before: float | None = None) -> str | None:
+        """The delivery's new item, or ``None`` for a duplicate. A final item past its ttl
+        counts as absent; ``again_after_hand_back`` also replaces a handed-back item (or one
+        the server answered "not found", keeping its stored outcome to re-report);
+        ``settled_before`` (when the pull was sent) an acknowledged or discarded item last
+        written before then, for a protocol whose ids come back after settling only from a
+        server that forgot them. An item in flight is always a duplicate."""
+        ...
 
     records_in_batches: bool
     """Whether ``record_new`` writes a batch for less than ``record_delivery`` per delivery

@@ -89,7 +89,7 @@ _BOUND_PER_CHAR = 8
 # a job's writes come within seconds of its record, so a group commit's writes land on the
 # few newest pages, where rows kept in key order (job ids are random) put nearly every
 # write of a group on a page of its own, each page written to the WAL again.
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _TABLE = f"""
 CREATE TABLE IF NOT EXISTS items (
     pk TEXT NOT NULL UNIQUE,
@@ -102,6 +102,11 @@ CREATE TABLE IF NOT EXISTS items (
 _INDEXES = """
 CREATE INDEX IF NOT EXISTS in_flight ON items (scope, deadline) WHERE scope IS NOT NULL;
 CREATE INDEX IF NOT EXISTS expiry ON items (ttl) WHERE ttl IS NOT NULL;
+"""
+# Facts about the file itself, not items of the table (which server its ids came from):
+# version 3 added it, and an older file gains it empty.
+_META = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Version 1 kept rows in key order (WITHOUT ROWID); its rows move over as they are.
 _MIGRATE_FROM_1 = f"""
@@ -285,6 +290,7 @@ class SqliteStateStore:
             for statement in _INDEXES.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            db.execute(_META)
             db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             db.execute("COMMIT")
         except sqlite3.Error as err:
@@ -494,7 +500,8 @@ class SqliteStateStore:
 
     # -- delivery ledger: recording and dispatch -----------------------------------
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None:
+                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
+                        settled_before: float | None = None) -> str | None:
         key = ledger_key_for(delivery)
         now = self._clock()
         item = _recorded_item(key, delivery, instance, deadline, dispatch_mode, now)
@@ -506,15 +513,20 @@ class SqliteStateStore:
                           f" OR ({_attr('status')} = '{LedgerStatus.RUNNING.value}'"
                           f" AND substr({_attr('epoch')}, 1, {len(HANDBACK_EPOCH_PREFIX)}) = :handback)"
                           f" OR {_attr('unknown_to_server')} = 1")
+        if settled_before is not None:
+            # Or settled before the pull was sent: a server that forgot it (reset) handed out new work.
+            condition += (f" OR ({_status_in([LedgerStatus.ACKNOWLEDGED, LedgerStatus.DISCARDED])}"
+                          f" AND {_attr('updated_at')} < :settled_before)")
         written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                 handback=HANDBACK_EPOCH_PREFIX)
+                                 handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
         if not written:
             # While in flight, note the redelivery (a "not found" report must then be sent again).
             if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),
-                            what="the ledger item", returning=False) is not None or not again_after_hand_back:
+                            what="the ledger item", returning=False) is not None \
+                    or not (again_after_hand_back or settled_before is not None):
                 return None
             written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                     handback=HANDBACK_EPOCH_PREFIX)
+                                     handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
             if not written:
                 return None
         if old.get("unknown_to_server") and old.get("outcome") is not None:
@@ -679,6 +691,29 @@ class SqliteStateStore:
         except sqlite3.Error as err:
             raise StateStoreError(f"SQLite state store scan of {self.path} failed: {err}") from err
         return [dict(json.loads(row[0])) for row in rows]
+
+    # -- the file's own facts (not in the contract: DynamoDB's table belongs to one stack) --
+    def read_meta(self, name: str) -> str | None:
+        """A fact about the file (``server``: which job server its ids came from), or ``None``."""
+        self._count("read")
+        try:
+            row = self._connection().execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        except sqlite3.Error as err:
+            raise StateStoreError(f"SQLite state store {self.path}: meta read failed: {err}") from err
+        return str(row[0]) if row else None
+
+    def write_meta(self, name: str, value: str) -> None:
+        """Set a fact about the file (last writer wins: one process holds the file)."""
+        self._write(lambda db: db.execute(
+            "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (name, value)))
+
+    def forget_items(self) -> int:
+        """Delete every item (ledger, sessions, counters, control): what a wholly other job
+        server's ids and session meant is nothing to the next one. Returns the ledger items
+        deleted. The file's meta stays."""
+        keys: list[tuple[str]] = self._write(lambda db: db.execute("DELETE FROM items RETURNING pk").fetchall())
+        return sum(1 for (key,) in keys if key.startswith("delivery#"))
 
     # -- in flight -----------------------------------------------------------------
     def _query(self, scope: str, select: str, extra: str, **values: Any) -> list[Any]:

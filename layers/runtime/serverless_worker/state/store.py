@@ -29,7 +29,8 @@ pk                                     sk          attributes
 
 Ledger statuses (``LedgerStatus``) and the condition on each transition::
 
-    record_delivery   (new)                  -> RECORDED      absent, or final and past its ttl
+    record_delivery   (new)                  -> RECORDED      absent, or final and past its ttl; asked,
+                                                              also handed back, or settled before the pull
     mark_dispatched   RECORDED               -> DISPATCHED
     mark_dispatch_failed RECORDED|DISPATCHED -> DISPATCH_FAILED (deadline = now: reaped next)
     start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch); a hand-back
@@ -257,14 +258,21 @@ class DynamoStateStore:
 
     # -- delivery ledger: recording and dispatch -----------------------------------
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None:
+                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
+                        settled_before: float | None = None) -> str | None:
         """Write the ledger item before dispatching; returns its key, or ``None`` for a duplicate.
 
         ``deadline`` is when it counts as stranded if no executor has claimed it. With
         ``again_after_hand_back`` a delivery whose item is HANDED_BACK is recorded afresh:
         handing back asks the server to deliver it again (Pipelogiq requeues the same
         execution, Priostack re-activates the job with the same ``retries``), so its
-        return is the expected next delivery, not a duplicate to drop.
+        return is the expected next delivery, not a duplicate to drop. With
+        ``settled_before`` (when the pull that brought it was sent) so is one whose item
+        settled (acknowledged, discarded) before then: the server handed the id out again
+        after it had our outcome, which on a protocol whose ids come back only from a
+        server that forgot them (a reset) means new work
+        (``WorkerProtocol.settled_id_returns_as_new``). An item that settled after the pull
+        was sent may have been handed out before our outcome landed: a duplicate.
         """
         key = ledger_key_for(delivery)
         now = self._clock()
@@ -280,7 +288,12 @@ class DynamoStateStore:
             # Or a job whose report the server answered "not found" (a Priostack restart forgot
             # the activation): it comes back under the same key and must not be dropped.
             condition += " OR #unknown_to_server = :yes"
-        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value,
+        if settled_before is not None:
+            # Or an item settled before the pull was sent: the server handed out the id after
+            # it had our outcome, which it does only once it forgot it (reset): new work.
+            condition += " OR (#status IN (:acknowledged, :discarded) AND #updated_at < :settled_before)"
+        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value, "settled_before": settled_before,
+                  "acknowledged": LedgerStatus.ACKNOWLEDGED.value, "discarded": LedgerStatus.DISCARDED.value,
                   "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX, "yes": True}
         response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
         if response is None:
@@ -288,7 +301,7 @@ class DynamoStateStore:
             # While in flight, note it: a report the server then answers "not found" (a Priostack
             # restart forgot the activation, then re-activated the job) must be sent again.
             if self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
-                                yes=True) or not again_after_hand_back:
+                                yes=True) or not (again_after_hand_back or settled_before is not None):
                 return None
             # It went final between the two writes, maybe as unknown to the server: ask again.
             response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
