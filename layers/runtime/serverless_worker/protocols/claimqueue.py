@@ -26,7 +26,6 @@ import logging
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
-from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -41,6 +40,7 @@ from ..errors import (
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from ._paths import path_segment
 from .base import Delivery, Lease, PullRequest, ReportReceipt
 from .claimqueue_models import (
     ClaimAnswer,
@@ -415,7 +415,7 @@ class ClaimQueueClient(HttpProtocolClient):
 
     @staticmethod
     def _path(key: str, queue: str, item_id: str | None = None) -> str:
-        return _PATHS[key].format(queue=quote(queue, safe=""), id=quote(item_id or "", safe=""))
+        return _PATHS[key].format(queue=path_segment(queue), id=path_segment(item_id or ""))
 
     @staticmethod
     def _queue(delivery: Delivery) -> str:

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Literal, NoReturn, TypeVar, Unpack
-from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -39,6 +38,7 @@ from ..errors import (
 )
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from ._paths import path_segment
 from .base import (
     Delivery,
     PullRequest,
@@ -284,7 +284,7 @@ class PriostackClient(HttpProtocolClient):
     def _send(self, method: str, label: str, *, key: str | None = None,
               json_body: Any = None) -> HttpResponse:
         """One HTTP call with the key attached; in query mode no error keeps the URL."""
-        path = self._prefix + _PATHS[label].format(key=quote(key or "", safe=""))
+        path = self._prefix + _PATHS[label].format(key=path_segment(key or ""))
         headers: dict[str, str] = {}
         params: dict[str, str] | None = None
         secret = self._secret()
