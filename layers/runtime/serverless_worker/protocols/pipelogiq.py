@@ -661,7 +661,8 @@ def _result_request(delivery: Delivery, outcome: Outcome) -> ResultRequest:
         fields = {"isSuccess": False, "errorCode": "VALIDATION_ERROR", "retryable": False,
                   "result": outcome.message or "input rejected by the handler's model"}
     elif kind is OutcomeKind.FAILURE:
-        fields = {"isSuccess": False, "errorCode": outcome.error_code or "HANDLER_ERROR", "retryable": True,
+        fields = {"isSuccess": False, "errorCode": outcome.error_code or "HANDLER_ERROR",
+                  "retryable": outcome.retryable,
                   "result": outcome.message or "handler failed"}
     elif kind is OutcomeKind.TIMEOUT:
         fields = {"isSuccess": False, "errorCode": "HANDLER_TIMEOUT", "retryable": True,

@@ -477,7 +477,9 @@ def _plan(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any] | N
     if kind is OutcomeKind.BAD_INPUT:
         return "fail", None, 0, _error_message(outcome, "bad input")  # retries 0: an incident
     if kind is OutcomeKind.FAILURE:
-        return "fail", None, max(0, _retries(delivery) - 1), _error_message(outcome, "handler failed")
+        # A deterministic failure (an unreportable result) would only fail alike: retries 0.
+        retries = max(0, _retries(delivery) - 1) if outcome.retryable else 0
+        return "fail", None, retries, _error_message(outcome, "handler failed")
     if kind is OutcomeKind.TIMEOUT:
         return "fail", None, max(0, _retries(delivery) - 1), _error_message(outcome, "handler timed out")
     raise ValueError(f"{kind.value} outcomes are not reported to Priostack; use hand_back()")
