@@ -38,6 +38,7 @@ from ..errors import (
     ResultNotAcceptedError,
     ServerUnavailableError,
 )
+from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
 from ._paths import path_segment
@@ -223,7 +224,8 @@ class ClaimQueueClient(HttpProtocolClient):
             log.warning("progress for item %s not delivered: %s", item_id, err)
             return
         if not accepted:
-            raise ResultNotAcceptedError(status or "terminal", endpoint="progress", job_id=item_id)
+            raise ResultNotAcceptedError(server_text(status or "terminal", (self._secret(),), limit=80),
+                                         endpoint="progress", job_id=item_id)
 
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
         """Post the outcome as the item's result (docs/outcomes.md), retrying 5xx, 429
@@ -353,7 +355,8 @@ class ClaimQueueClient(HttpProtocolClient):
             receipt = self._reconcile(queue, item_id, record)
             if receipt is not None:
                 return receipt
-        raise ResultNotAcceptedError(status or "terminal", endpoint="result", job_id=item_id)
+        raise ResultNotAcceptedError(server_text(status or "terminal", (self._secret(),), limit=80),
+                                     endpoint="result", job_id=item_id)
 
     def _reconcile(self, queue: str, item_id: str, record: dict[str, Any]) -> ReportReceipt | None:
         try:

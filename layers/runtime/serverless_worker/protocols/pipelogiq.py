@@ -42,6 +42,7 @@ from ..errors import (
     ServerUnavailableError,
     SessionExpiredError,
 )
+from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
 from .base import (
@@ -401,7 +402,7 @@ class PipelogiqClient(HttpProtocolClient):
             return Lease(expires_at=answer.leaseExpiresAt.timestamp(),
                          attempt=answer.attempt if answer.attempt is not None else delivery.attempt,
                          renewable=True)
-        reason = (answer.reason or "unknown")[:80]
+        reason = server_text(answer.reason or "unknown", (self._secret(),), limit=80)
         raise LeaseRefusedError(reason, action=REFUSAL_ACTIONS.get(reason, "leave"), endpoint=label,
                                 job_id=delivery.job_id)
 
@@ -637,10 +638,7 @@ class PipelogiqClient(HttpProtocolClient):
         secrets = [self._secret(), *redact]
         if self._session is not None:
             secrets.append(self._session.token.get_secret_value())
-        for secret in secrets:
-            if secret:
-                error = error.replace(secret, "[redacted]")
-        return error[:200]
+        return server_text(error, secrets, limit=300)
 
 
 # -- outcome mapping ---------------------------------------------------------------------------

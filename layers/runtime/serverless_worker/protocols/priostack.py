@@ -36,6 +36,7 @@ from ..errors import (
     RateLimitedError,
     ServerUnavailableError,
 )
+from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
 from ._paths import path_segment
@@ -419,7 +420,7 @@ class PriostackClient(HttpProtocolClient):
         status, label = response.status, response.endpoint
         if 200 <= status < 300:
             return
-        _raise_status(status, label, _server_error(response), job_key, response.retry_after)
+        _raise_status(status, label, _server_error(response, self._secret()), job_key, response.retry_after)
 
 
 def _raise_status(status: int, label: str, error: str, job_key: str | None,
@@ -455,14 +456,15 @@ def _detached(err: ServerUnavailableError | ProtocolViolationError) -> ProtocolE
     return ProtocolViolationError(message, endpoint=err.endpoint, status=err.status)
 
 
-def _server_error(response: HttpResponse) -> str:
-    """The server's ``error`` text, if the body carries one (bounded)."""
+def _server_error(response: HttpResponse, secret: str) -> str:
+    """The server's ``error`` text, if the body carries one: bounded, the key (which a
+    server may echo with the request's headers) cut out, controls escaped."""
     try:
         data = response.json_or_none()
     except ProtocolViolationError:
         return ""
     error = data.get("error") if isinstance(data, dict) else None
-    return error[:300] if isinstance(error, str) else ""
+    return server_text(error, (secret,), limit=300) if isinstance(error, str) else ""
 
 
 def _plan(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any] | None, int, str]:

@@ -251,12 +251,12 @@ class ClaimQueueSandbox(Sandbox):
     def protocol_routes(self) -> list[BaseRoute]:
         return [
             Route("/{queue}/claim", self.endpoint("claim", self._http_claim), methods=["POST"]),
-            # {item_id:path}: an id may hold a "/" (sent as %2F, which the server decodes first).
-            Route("/{queue}/items/{item_id:path}/progress", self.endpoint("progress", self._http_progress),
+            # {item_id:id}: an id may hold a "/" (sent as %2F; see _server._EncodedSlashes).
+            Route("/{queue}/items/{item_id:id}/progress", self.endpoint("progress", self._http_progress),
                   methods=["POST"]),
-            Route("/{queue}/items/{item_id:path}/result", self.endpoint("result", self._http_result),
+            Route("/{queue}/items/{item_id:id}/result", self.endpoint("result", self._http_result),
                   methods=["POST"]),
-            Route("/{queue}/items/{item_id:path}", self.endpoint("items.get", self._http_get), methods=["GET"]),
+            Route("/{queue}/items/{item_id:id}", self.endpoint("items.get", self._http_get), methods=["GET"]),
         ]
 
     def extra_routes(self) -> list[BaseRoute]:

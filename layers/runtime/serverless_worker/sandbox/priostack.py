@@ -201,9 +201,9 @@ class PriostackSandbox(Sandbox):
         p = "/" + self.config.api_prefix.strip("/") if self.config.api_prefix.strip("/") else ""
         return [
             self._route(f"{p}/jobs/activate", "activate", self._activate, ["POST"]),
-            # {key:path}: a key may hold a "/" (sent as %2F, which the server decodes first).
-            self._route(f"{p}/jobs/{{key:path}}/complete", "complete", self._complete, ["POST"]),
-            self._route(f"{p}/jobs/{{key:path}}/fail", "fail", self._fail, ["POST"]),
+            # {key:id}: a key may hold a "/" (sent as %2F; see _server._EncodedSlashes).
+            self._route(f"{p}/jobs/{{key:id}}/complete", "complete", self._complete, ["POST"]),
+            self._route(f"{p}/jobs/{{key:id}}/fail", "fail", self._fail, ["POST"]),
             self._route(f"{p}/jobs/{{key}}/{{action:path}}", "jobs.unknown-action", self._unknown_action,
                         ["GET", "POST", "PUT", "PATCH", "DELETE"]),
             self._route(f"{p}/process-instances/{{key}}", "process-instances.get", self._get_instance,
