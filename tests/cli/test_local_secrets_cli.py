@@ -107,3 +107,32 @@ def test_an_error_echoing_the_key_and_controls_reaches_neither_output_nor_state(
     assert SECRET not in out
     for control in RAW_CONTROLS:
         assert control not in out
+
+
+@pytest.mark.parametrize("suffix", ["\r\nX-Injected: yes", "\x00"], ids=["crlf-header", "nul"])
+def test_a_session_token_that_cannot_be_a_header_ends_the_run_naming_it(
+        suffix: str, sandbox: Callable[..., Any], tmp_path: Path) -> None:
+    # given a Pipelogiq server whose bootstrap hands out a token that would inject a header
+    server, admin = sandbox("pipelogiq", session_token_suffix=suffix)
+    seed(admin, "pipelogiq", "double", [{"n": 1}])
+    handler_file = tmp_path / "my_handlers.py"
+    handler_file.write_text(HANDLERS)
+
+    # when the worker runs against it
+    result = subprocess.run(
+        [str(CLI), "local", "--protocol", "pipelogiq", "--url", server.url, "--api-key-env", "TEST_KEY",
+         "--handler-module", str(handler_file), "--handlers", "double", "--until-idle", "5"],
+        cwd=tmp_path, env=clean_env(TEST_KEY=SECRET), capture_output=True, text=True, timeout=120)
+
+    # then each tick ends on the refused bootstrap (backed off, no crash), the run ends non-zero
+    # saying why, and the token was never sent: the server saw bootstraps and nothing else
+    assert result.returncode != 0, result.stdout
+    assert "workerSessionToken is empty or holds whitespace or control characters" in result.stderr
+    assert "nothing was taken" in result.stderr
+    assert "Traceback" not in result.stderr
+    calls = admin.stats()["calls"]
+    assert set(calls) == {"bootstrap"} and 1 <= calls["bootstrap"] <= 5, calls
+    [job] = admin.jobs()
+    assert job["status"] == "Pending"  # never taken, so nothing is stranded
+    for control in RAW_CONTROLS:
+        assert control not in result.stdout + result.stderr

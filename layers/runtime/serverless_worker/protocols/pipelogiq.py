@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse
+from ._http import HttpResponse, header_safe
 from .base import (
     Delivery,
     Lease,
@@ -184,7 +184,15 @@ class PipelogiqClient(HttpProtocolClient):
             response = self._transport.request("POST", "/workers/bootstrap", endpoint="bootstrap",
                                           json_body=body, headers=self._key_headers())
             self._raise_for_status(response, credential="key")
-            return issued, self._decode(response, BootstrapResponse)
+            answer = self._decode(response, BootstrapResponse)
+            if not header_safe(answer.workerSessionToken.get_secret_value()):
+                # Checked as the API key is: a CR LF would let the server's text start headers
+                # of its own in every request we send (and a NUL fails the transport).
+                raise ProtocolViolationError(
+                    "workerSessionToken is empty or holds whitespace or control characters, so it cannot be "
+                    "sent as the X-Worker-Session header; refused and never sent", endpoint="bootstrap",
+                    status=response.status)
+            return issued, answer
 
         issued, answer = self._retrying(call)
         expires = (answer.sessionExpiresAt.timestamp() if answer.sessionExpiresAt
@@ -570,7 +578,11 @@ class PipelogiqClient(HttpProtocolClient):
         return {"X-API-Key": self._secret()}
 
     def _session_headers(self) -> dict[str, str]:
-        return {"X-Worker-Session": self._require_session().token.get_secret_value()}
+        token = self._require_session().token.get_secret_value()
+        if not header_safe(token):  # a session restored from state, stored by an older release
+            raise SessionExpiredError("stored worker session token cannot be sent as a header: re-bootstrap",
+                                      endpoint="session")
+        return {"X-Worker-Session": token}
 
     def _session_post(self, path: str, label: str, body: dict[str, Any]) -> None:
         response = self._transport.request("POST", path, endpoint=label, json_body=body,
