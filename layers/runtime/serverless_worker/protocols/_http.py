@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..loopback import is_loopback_url
 from ._curl import CurlSettings, HandlePool, ResponseTooLargeError, TransportError, perform
+from ._proxy import checked_proxy
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
            "header_credential", "header_safe", "open_connections", "TransportError"]
@@ -225,6 +226,7 @@ class HttpTransport:
                 "or set allow_insecure_http explicitly")
         self.base_url = self.base_url.rstrip("/")
         self.proxy, self.ca_bundle = _environment_settings(self.base_url)
+        self.proxy = checked_proxy(self.base_url, self.proxy, allow_insecure_http=self.allow_insecure_http)
         # Content-Type: (empty) keeps libcurl from labelling a body it was not told the type of.
         self._headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Expect": "", "Content-Type": ""}
         https = self.base_url.startswith("https:")
