@@ -53,16 +53,17 @@ def test_priostack_completes_and_fails_jobs_whatever_their_keys(
 
 
 @pytest.mark.parametrize("transport", ["http", "socket"])
+@pytest.mark.parametrize("queue", ["q", "a/b ..", ".."])
 def test_claim_queue_results_reach_items_whatever_their_ids(
         serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
-        transport: str) -> None:
+        transport: str, queue: str) -> None:
     server = serve("claimqueue", tokens=[KEY])
     admin = admin_for(server)
-    admin.seed({"queue": "q", "items": [{"n": n} for n in range(len(IDS))], "ids": IDS})
+    admin.seed({"queue": queue, "items": [{"n": n} for n in range(len(IDS))], "ids": IDS})
     with ClaimQueueClient(server.url, KEY, transport=transport) as client:  # type: ignore[arg-type]
-        deliveries = client.pull(PullRequest(handler="q", max_items=len(IDS)))
+        deliveries = client.pull(PullRequest(handler=queue, max_items=len(IDS)))
         while len(deliveries) < len(IDS):  # one claim per item; a pull may stop short
-            more = client.pull(PullRequest(handler="q", max_items=len(IDS) - len(deliveries)))
+            more = client.pull(PullRequest(handler=queue, max_items=len(IDS) - len(deliveries)))
             assert more, "the queue ran dry before every item was claimed"
             deliveries += more
         assert sorted(d.job_id for d in deliveries) == sorted(IDS)
@@ -70,7 +71,7 @@ def test_claim_queue_results_reach_items_whatever_their_ids(
             receipt = client.report(delivery, Outcome(kind=OutcomeKind.SUCCESS, value={"id": delivery.job_id}))
             assert receipt.accepted
         # the producer-side read (a path too) finds each item under its own id
-        assert {client.item_status("q", item_id).status for item_id in IDS} == {"finished"}
+        assert {client.item_status(queue, item_id).status for item_id in IDS} == {"finished"}
     jobs = {job["id"]: job for job in admin.jobs()}
     assert set(jobs) == set(IDS)
     assert all(job["status"] == "finished" and job["result"] == {"id": item_id} for item_id, job in jobs.items())

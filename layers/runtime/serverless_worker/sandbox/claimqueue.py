@@ -250,17 +250,17 @@ class ClaimQueueSandbox(Sandbox):
     # -- routes ------------------------------------------------------------------------
     def protocol_routes(self) -> list[BaseRoute]:
         return [
-            Route("/{queue}/claim", self.endpoint("claim", self._http_claim), methods=["POST"]),
+            Route("/{queue:id}/claim", self.endpoint("claim", self._http_claim), methods=["POST"]),
             # {item_id:id}: an id may hold a "/" (sent as %2F; see _server._EncodedSlashes).
-            Route("/{queue}/items/{item_id:id}/progress", self.endpoint("progress", self._http_progress),
+            Route("/{queue:id}/items/{item_id:id}/progress", self.endpoint("progress", self._http_progress),
                   methods=["POST"]),
-            Route("/{queue}/items/{item_id:id}/result", self.endpoint("result", self._http_result),
+            Route("/{queue:id}/items/{item_id:id}/result", self.endpoint("result", self._http_result),
                   methods=["POST"]),
-            Route("/{queue}/items/{item_id:id}", self.endpoint("items.get", self._http_get), methods=["GET"]),
+            Route("/{queue:id}/items/{item_id:id}", self.endpoint("items.get", self._http_get), methods=["GET"]),
         ]
 
     def extra_routes(self) -> list[BaseRoute]:
-        return [WebSocketRoute("/{queue}/work", self._work)]
+        return [WebSocketRoute("/{queue:id}/work", self._work)]
 
     async def _http_claim(self, request: Request) -> Response:
         try:
