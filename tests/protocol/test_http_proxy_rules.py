@@ -15,6 +15,7 @@ from serverless_worker.errors import ConfigurationError, ServerUnavailableError
 from serverless_worker.outcome import Outcome, OutcomeKind
 from serverless_worker.protocols._http import HttpTransport
 from serverless_worker.protocols.base import PullRequest
+from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.protocols.priostack import PriostackClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
@@ -86,6 +87,24 @@ def test_a_loopback_server_is_never_reached_through_a_proxy(
             client.report(delivery, Outcome(kind=OutcomeKind.SUCCESS, value={"ok": True}))
     # then the work was done on the server and the proxy saw nothing at all, key included
     assert {job["state"] for job in admin.jobs()} == {"completed"}
+    assert proxy.seen == []
+
+
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"])
+def test_the_claim_queue_work_socket_to_loopback_is_never_proxied_either(
+        variable: str, proxy: _RecordingProxy, monkeypatch: pytest.MonkeyPatch,
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin]) -> None:
+    # websockets reads proxies from the environment itself (HTTPS_PROXY even for ws://) and
+    # does not bypass loopback: the socket takes the transport's choice instead
+    server = serve("claimqueue", tokens=[KEY])
+    admin = admin_for(server)
+    admin.seed({"queue": "q", "items": [{"n": 1}]})
+    monkeypatch.setenv(variable, proxy.url)
+    with ClaimQueueClient(server.url, KEY, transport="socket") as client:
+        [delivery] = client.pull(PullRequest(handler="q", max_items=1))
+        assert client.report(delivery, Outcome(kind=OutcomeKind.SUCCESS, value={"ok": True})).accepted
+    monkeypatch.delenv(variable)
+    assert [job["status"] for job in admin.jobs()] == ["finished"]
     assert proxy.seen == []
 
 

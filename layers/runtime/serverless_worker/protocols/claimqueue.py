@@ -394,7 +394,7 @@ class ClaimQueueClient(HttpProtocolClient):
                 from .claimqueue_socket import ClaimQueueSocket
 
                 sock = ClaimQueueSocket(url, self._token, connect_timeout=self._connect_timeout,
-                                        read_timeout=self._read_timeout)
+                                        read_timeout=self._read_timeout, proxy=self._transport.proxy)
                 self._sockets[queue] = sock
             return sock
 
