@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from serverless_worker import Continue, Job, handler
 
-__all__ = ["CALLS", "Order", "Report", "echo", "huge", "huge_item", "slow_report", "strict"]
+__all__ = ["CALLS", "Opaque", "Order", "Report", "echo", "huge", "huge_item", "not_json", "slow_report", "strict"]
 
 # Handler calls per name, so a test can prove a handler never ran.
 CALLS: dict[str, int] = {}
@@ -56,6 +56,16 @@ def huge(job: Job[Any]) -> str:
 def huge_item(job: Job[Any]) -> str:
     _count("rel-huge-item")
     return "y" * HUGE_ITEM_BYTES
+
+
+class Opaque:
+    """Not JSON: a handler returning one returns an invalid result, however often it runs."""
+
+
+@handler("rel-not-json")
+def not_json(job: Job[Any]) -> dict[str, Any]:
+    _count("rel-not-json")
+    return {"value": Opaque()}
 
 
 class Report(BaseModel):

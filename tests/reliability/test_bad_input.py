@@ -175,11 +175,12 @@ def test_pipelogiq_undecodable_deliveries_are_never_acknowledged_away(worker_env
 def test_results_over_the_caps_become_result_too_large_failures(protocol: str,
                                                                 worker_env: Callable[..., Env]) -> None:
     """Over Pipelogiq's 262,144-byte result cap (Pipelogiq only), and over the 400 KB the
-    ledger can store (every protocol): a RESULT_TOO_LARGE failure is reported instead."""
+    ledger can store (every protocol): a RESULT_TOO_LARGE failure is reported instead, as
+    not retryable (the handler would return as much again), naming the handler and the job."""
     handlers = ["rel-huge", "rel-huge-item"] if protocol == "pipelogiq" else ["rel-huge-item"]
     env = _env(worker_env, protocol, handlers)
     for name in handlers:
-        env.seed(name, [{"n": 1}])
+        env.seed(name, [{"n": 1}], **_RETRIES[protocol])
     _ticks(env)
     jobs = _settled(env)
     assert len(jobs) == len(handlers)
@@ -188,9 +189,53 @@ def test_results_over_the_caps_become_result_too_large_failures(protocol: str,
         assert code == "RESULT_TOO_LARGE"
         assert "bytes" in message and ("262144" in message or "409600" in message)
         assert len(message) < 2000  # the result itself is not echoed back
-        if protocol == "priostack":  # retryable: one attempt used per run (and it may run again)
-            assert job["retries_history"][:2] == [3, 2]
-    assert sorted(handlers_module().CALLS) == sorted(handlers)  # each ran; its result never went out
+        assert "handler 'rel-huge" in message and f"(job {_job_id(env, job)})" in message
+        _assert_not_retried(env, job)
+    calls = handlers_module().CALLS
+    assert calls == dict.fromkeys(handlers, 1)  # each ran once; its result never went out
+
+
+@pytest.mark.aws
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_result_that_is_not_json_fails_for_good_naming_its_type(protocol: str,
+                                                                  worker_env: Callable[..., Env]) -> None:
+    """A handler returning a value JSON cannot hold: an INVALID_RESULT failure naming the
+    handler, the job and the offending type, reported as not retryable on every protocol,
+    though the server would retry a retryable failure (Pipelogiq maxRetries, Priostack retries)."""
+    env = _env(worker_env, protocol, ["rel-not-json"])
+    env.seed("rel-not-json", [{"n": 1}], **_RETRIES[protocol])
+    _ticks(env)
+    [job] = _settled(env)
+    code, message = _failure_text(env, job)
+    assert code == "INVALID_RESULT"
+    assert message.startswith(f"handler 'rel-not-json' (job {_job_id(env, job)}) returned a value that is not "
+                              "JSON-serializable: dict (contains ")
+    assert "Opaque" in message
+    _assert_not_retried(env, job)
+    assert handlers_module().CALLS == {"rel-not-json": 1}
+
+
+# Server-side retries a retryable failure would use.
+_RETRIES: dict[str, dict[str, Any]] = {"pipelogiq": {"maxRetries": 2, "retryInterval": 0},
+                                       "priostack": {"retries": 3}, "claimqueue": {}}
+
+
+def _job_id(env: Env, job: dict[str, Any]) -> str:
+    """The id the worker knows the job by (Delivery.job_id)."""
+    if env.protocol == "pipelogiq":
+        return str(job["job_id"])
+    return str(job["key"] if env.protocol == "priostack" else job["id"])
+
+
+def _assert_not_retried(env: Env, job: dict[str, Any]) -> None:
+    """Settled for good after one run: no retry on the server."""
+    if env.protocol == "pipelogiq":
+        assert job["status"] == "Failed" and job["failures"] == 1 and len(job["executions"]) == 1
+        assert _pipelogiq_result(job)["retryable"] is False
+    elif env.protocol == "priostack":  # fail with retries 0: an incident at once
+        assert job["state"] == "incident" and job["retries_history"] == [3, 0]
+    else:  # an in-band error result, which finishes the item: the queue never offers it again
+        assert job["status"] == "finished" and job["attempts"] == 1
 
 
 # -- AWS tier: unknown handlers ---------------------------------------------------------------------

@@ -296,7 +296,9 @@ def test_business_error_variables_that_are_not_json_are_a_failure() -> None:
 
     outcome = run(fn).outcome
     assert outcome is not None and outcome.kind is OutcomeKind.FAILURE
-    assert "BusinessError variables are not JSON-serializable" in (outcome.message or "")
+    assert outcome.error_code == "INVALID_RESULT" and not outcome.retryable
+    assert "BusinessError whose variables are not JSON-serializable: dict" in (outcome.message or "")
+    assert (outcome.message or "").startswith("handler 'h' (job job-1) ")
 
 
 def test_an_exception_is_a_failure_named_after_its_class_and_logged_with_traceback(
@@ -349,8 +351,10 @@ def test_a_value_that_is_not_json_is_a_failure(value: Any, type_name: str) -> No
 
     assert outcome is not None
     assert outcome.kind is OutcomeKind.FAILURE
+    # deterministic: it names the handler, the job and the offending type, and is not retried
+    assert outcome.error_code == "INVALID_RESULT" and not outcome.retryable
     assert (outcome.message or "").startswith(
-        f"handler returned a value that is not JSON-serializable: {type_name}")
+        f"handler 'h' (job job-1) returned a value that is not JSON-serializable: {type_name}")
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])

@@ -341,9 +341,8 @@ def _map(spec: HandlerSpec, job: Job[Any], value: Any, err: BaseException | None
         try:
             variables = to_jsonable(err.variables)
         except NotJsonSerializableError as bad:
-            return done(Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
-                                message=f"BusinessError variables are not JSON-serializable: {bad}",
-                                extras=_extras(job.logs)), started=True)
+            return _invalid(spec, job, f"raised a BusinessError whose variables are not JSON-serializable: {bad}",
+                            done)
         return done(Outcome(kind=OutcomeKind.BUSINESS_ERROR, error_code=err.code,
                             message=truncate_utf8(err.message, MAX_MESSAGE_BYTES), value=variables,
                             extras=_extras(job.logs)), started=True)
@@ -361,15 +360,12 @@ def _map(spec: HandlerSpec, job: Job[Any], value: Any, err: BaseException | None
 def _map_value(spec: HandlerSpec, job: Job[Any], value: Any, done: Done, now: float) -> RunResult:
     if isinstance(value, Continue):
         if not spec.long_running:
-            return done(Outcome(
-                kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
-                message=(f"handler {spec.name!r} returned Continue but is declared mode={spec.mode!r}; "
-                         "declare it with @handler(..., mode=\"slices\") to run in slices"),
-                extras=_extras(job.logs)), started=True)
+            return _invalid(spec, job, f"returned Continue but is declared mode={spec.mode!r}; declare it "
+                                       "with @handler(..., mode=\"slices\") to run in slices", done)
         try:
             checkpoint = to_jsonable(value.checkpoint)
         except NotJsonSerializableError as err:
-            return _invalid(job, "handler returned a Continue checkpoint that is not "
+            return _invalid(spec, job, "returned a Continue checkpoint that is not "
                                  f"JSON-serializable: {err}", done)
         return done(None, continuation=Continue(checkpoint, value.delay_seconds), started=True,
                     logs=tuple(job.logs))
@@ -378,10 +374,10 @@ def _map_value(spec: HandlerSpec, job: Job[Any], value: Any, done: Done, now: fl
         try:
             extras = value.to_extras(now=now)
         except ValidationError as err:
-            return _invalid(job, "handler returned a Result with invalid extras: "
+            return _invalid(spec, job, "returned a Result with invalid extras: "
                                  f"{describe_validation_error(err)}", done)
         except NotJsonSerializableError as err:
-            return _invalid(job, f"handler returned a Result with a context value that is not "
+            return _invalid(spec, job, f"returned a Result with a context value that is not "
                                  f"JSON-serializable: {err}", done)
         extras = extras.model_copy(update={"logs": [*job.logs, *extras.logs]})
         value = value.value
@@ -390,11 +386,14 @@ def _map_value(spec: HandlerSpec, job: Job[Any], value: Any, done: Done, now: fl
     try:
         normalized = to_jsonable(value)
     except NotJsonSerializableError as err:
-        return _invalid(job, f"handler returned a value that is not JSON-serializable: {err}", done)
+        return _invalid(spec, job, f"returned a value that is not JSON-serializable: {err}", done)
     return done(Outcome(kind=OutcomeKind.SUCCESS, value=normalized, extras=extras), started=True)
 
 
-def _invalid(job: Job[Any], message: str, done: Done) -> RunResult:
+def _invalid(spec: HandlerSpec, job: Job[Any], what: str, done: Done) -> RunResult:
+    """An INVALID_RESULT failure whose message names the handler, the job and what was wrong
+    (the offending type, from NotJsonSerializableError); reported as not retryable."""
+    message = f"handler {spec.name!r} (job {job.job_id}) {what}"
     log.error("%s", message, extra=job.log_context)
     return done(Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                         message=truncate_utf8(message, MAX_MESSAGE_BYTES), extras=_extras(job.logs)),

@@ -18,6 +18,13 @@ modules that create boto3 clients import it):
 The redaction is a log record factory rather than a logger filter: a filter sees only
 the records of the logger it is on, not its children's, and botocore alone logs through
 some thirty module loggers, created as its modules are imported.
+
+The project's own records are not rewritten (that would cost every log line a regex
+pass); instead whatever a server says is made safe where it enters: every protocol
+client passes a server's error text through :func:`server_text` before it goes into an
+exception, a log line or the state store, and the stores pass every error text they
+record through it again. A server may echo the request (its headers, its body) in an
+error, and may put terminal escapes or line breaks in it to forge log lines.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ __all__ = [
     "WIRE_LOGGER",
     "hold_sdk_loggers",
     "install",
+    "escape_controls",
     "redact",
     "redact_record",
     "register_secret",
+    "server_text",
 ]
 
 REDACTED = "[redacted]"
@@ -83,6 +92,33 @@ def redact(text: str) -> str:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return text
+
+
+# C0 controls (NUL, CR, LF, ESC...), DEL and C1 controls (CSI 0x9b among them) as \xNN, the
+# Unicode line and paragraph separators and the bidirectional overrides as \uNNNN: none
+# may reach a terminal or a log line raw. A backslash is left as it is, so escaping is
+# idempotent: a text the client escaped is escaped again, unchanged, by the state store.
+_ESCAPES: dict[int, str] = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPES.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
+_ESCAPES.update({code: f"\\u{code:04x}" for code in (0x2028, 0x2029, *range(0x202A, 0x202F),
+                                                       *range(0x2066, 0x206A))})
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as an escape (``ESC`` as ``\\x1b``)."""
+    return text.translate(_ESCAPES)
+
+
+def server_text(text: str, secrets: tuple[str, ...] | list[str] = (), *, limit: int = 500) -> str:
+    """What a server said (an error text), fit to log, raise or store: every registered and
+    every given secret and every credential-shaped value cut out, control characters
+    escaped, then cut to ``limit`` characters (after redacting, so no part of a secret is
+    left at the cut). A given secret shorter than ``MIN_SECRET_LENGTH`` is cut out only
+    where it stands as a credential, as a registered one is."""
+    for secret in sorted((s for s in secrets if len(s) >= MIN_SECRET_LENGTH), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = escape_controls(redact(text))
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def redact_record(record: logging.LogRecord) -> None:

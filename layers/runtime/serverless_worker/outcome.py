@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["OutcomeKind", "Outcome", "ResultLog", "ContextUpdate", "AppendedStage", "ResultExtras"]
+__all__ = ["DETERMINISTIC_FAILURES", "OutcomeKind", "Outcome", "ResultLog", "ContextUpdate", "AppendedStage",
+           "ResultExtras"]
 
 
 class OutcomeKind(StrEnum):
@@ -23,6 +24,12 @@ class OutcomeKind(StrEnum):
     TIMEOUT = "timeout"              # ran past its time budget
     NOT_STARTED = "not_started"      # never started: shutdown, throttled fan-out, reaped
     LEASE_LOST = "lease_lost"        # renewal refused mid-run: report nothing; server recovery decides
+
+
+# Failure codes a second run cannot change: the handler returned a value that cannot be
+# reported (not JSON, or over a size cap). Each protocol reports them as not retryable
+# (docs/outcomes.md), so the server does not hand the job out again only to fail alike.
+DETERMINISTIC_FAILURES = frozenset({"RESULT_TOO_LARGE", "INVALID_RESULT"})
 
 
 class ResultLog(BaseModel):
@@ -74,3 +81,11 @@ class Outcome(BaseModel):
     @property
     def is_success(self) -> bool:
         return self.kind is OutcomeKind.SUCCESS
+
+    @property
+    def retryable(self) -> bool:
+        """Whether running the handler again could end otherwise: not for a business
+        rejection, bad input, or a failure in :data:`DETERMINISTIC_FAILURES`."""
+        if self.kind is OutcomeKind.FAILURE:
+            return self.error_code not in DETERMINISTIC_FAILURES
+        return self.kind is OutcomeKind.TIMEOUT

@@ -172,7 +172,8 @@ class Settings(BaseModel):
     counters_flush_seconds: float = Field(
         30, ge=0, description="Write the worker's counters (processed, failed, ...) at most this often "
                               "per container, not once per job; 0 writes every count at once.")
-    allow_insecure_http: bool = Field(False, description="Allow plain http:// to a non-loopback job server.")
+    allow_insecure_http: bool = Field(False, description="Allow plain http:// to a non-loopback job server, and "
+                                                        "a plain-text (http://) proxy on a non-loopback host.")
     log_level: str = Field("INFO", description="Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
     connect_timeout: float = Field(3.05, gt=0, description="HTTP connect timeout, seconds.")
     read_timeout: float = Field(10, gt=0, description="HTTP read timeout, seconds (a long poll adds its "

@@ -61,9 +61,7 @@ class LocalState:
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
             lock = _lock(file)
-            # Owner-only: the file holds delivery tokens and the worker session, as the stack's
-            # table does (SQLite gives its -wal and -shm files the database file's mode).
-            os.close(os.open(file, os.O_CREAT | os.O_WRONLY, 0o600))
+            _owner_only(file)
             store = SqliteStateStore(file, final_retention_seconds=final_retention_seconds,
                                      sweep_interval=sweep_interval, on_swept=on_swept)
         except OSError as err:
@@ -109,6 +107,24 @@ class LocalState:
         self._lock = None
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _owner_only(file: Path) -> None:
+    """Create ``file`` if new, and make it and its companions owner-only (0600).
+
+    The file holds delivery tokens and the worker session, as the stack's table does. The
+    mode given at creation does not change a file that already exists (one copied in, or
+    made by an older release, with 0666), so it is set again each time. SQLite gives its
+    -wal and -shm files the database file's mode only when it creates them.
+    """
+    descriptor = os.open(file, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)
+    finally:
+        os.close(descriptor)
+    for companion in (f"{file}-wal", f"{file}-shm", f"{file}.lock"):
+        if os.path.exists(companion):
+            os.chmod(companion, 0o600)
 
 
 def _lock(file: Path) -> IO[str] | None:

@@ -182,6 +182,7 @@ def new_handle(settings: CurlSettings) -> pycurl.Curl:
     handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
     handle.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
     handle.setopt(pycurl.FOLLOWLOCATION, 0)  # a credential must never follow a redirect
+    handle.setopt(pycurl.PATH_AS_IS, 1)  # no dot-segment collapsing: ids are paths' segments (_paths.py)
     handle.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, int(settings.connect_timeout * 1000)))
     # The proxy chosen from the environment by requests' rules, or "" for none: libcurl
     # must not apply its own reading of the proxy variables on top.

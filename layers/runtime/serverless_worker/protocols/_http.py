@@ -40,9 +40,10 @@ from ..errors import (
 )
 from ..loopback import is_loopback_url
 from ._curl import CurlSettings, HandlePool, ResponseTooLargeError, TransportError, perform
+from ._proxy import checked_proxy
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
-           "header_credential", "open_connections", "TransportError"]
+           "header_credential", "header_safe", "open_connections", "TransportError"]
 
 log = logging.getLogger("serverless_worker.http")
 # Every transport, so a SnapStart restore can renew each one's connections (runtime/snapstart.py).
@@ -56,10 +57,16 @@ DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 
 
+def header_safe(value: str) -> bool:
+    """Whether ``value`` may be sent as a header value as it is (no CR, LF, NUL or space:
+    nothing that could end the header or start another)."""
+    return _HEADER_SAFE.fullmatch(value) is not None
+
+
 def header_credential(value: SecretStr | str, what: str) -> SecretStr:
     """The credential as a SecretStr, refused with ConfigurationError when it cannot be a header value."""
     secret = value if isinstance(value, SecretStr) else SecretStr(value)
-    if not _HEADER_SAFE.fullmatch(secret.get_secret_value()):
+    if not header_safe(secret.get_secret_value()):
         raise ConfigurationError(f"{what} is empty or contains whitespace/control characters")
     return secret
 
@@ -219,6 +226,7 @@ class HttpTransport:
                 "or set allow_insecure_http explicitly")
         self.base_url = self.base_url.rstrip("/")
         self.proxy, self.ca_bundle = _environment_settings(self.base_url)
+        self.proxy = checked_proxy(self.base_url, self.proxy, allow_insecure_http=self.allow_insecure_http)
         # Content-Type: (empty) keeps libcurl from labelling a body it was not told the type of.
         self._headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Expect": "", "Content-Type": ""}
         https = self.base_url.startswith("https:")

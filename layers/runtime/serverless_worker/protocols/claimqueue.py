@@ -26,7 +26,6 @@ import logging
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
-from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -40,8 +39,10 @@ from ..errors import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
+from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from ._paths import path_segment
 from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import Delivery, Lease, PullRequest, ReportReceipt
 from .claimqueue_models import (
@@ -235,7 +236,8 @@ class ClaimQueueClient(HttpProtocolClient):
             log.warning("progress for item %s not delivered: %s", item_id, err)
             return
         if not accepted:
-            raise ResultNotAcceptedError(status or "terminal", endpoint="progress", job_id=item_id)
+            raise ResultNotAcceptedError(server_text(status or "terminal", (self._secret(),), limit=80),
+                                         endpoint="progress", job_id=item_id)
 
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
         """Post the outcome as the item's result (docs/outcomes.md), retrying 5xx, 429
@@ -394,7 +396,8 @@ class ClaimQueueClient(HttpProtocolClient):
             receipt = self._reconcile(queue, item_id, record)
             if receipt is not None:
                 return receipt
-        raise ResultNotAcceptedError(status or "terminal", endpoint="result", job_id=item_id)
+        raise ResultNotAcceptedError(server_text(status or "terminal", (self._secret(),), limit=80),
+                                     endpoint="result", job_id=item_id)
 
     def _reconcile(self, queue: str, item_id: str, record: dict[str, Any]) -> ReportReceipt | None:
         try:
@@ -432,7 +435,7 @@ class ClaimQueueClient(HttpProtocolClient):
                 from .claimqueue_socket import ClaimQueueSocket
 
                 sock = ClaimQueueSocket(url, self._token, connect_timeout=self._connect_timeout,
-                                        read_timeout=self._read_timeout)
+                                        read_timeout=self._read_timeout, proxy=self._transport.proxy)
                 self._sockets[queue] = sock
             return sock
 
@@ -456,7 +459,7 @@ class ClaimQueueClient(HttpProtocolClient):
 
     @staticmethod
     def _path(key: str, queue: str, item_id: str | None = None) -> str:
-        return _PATHS[key].format(queue=quote(queue, safe=""), id=quote(item_id or "", safe=""))
+        return _PATHS[key].format(queue=path_segment(queue), id=path_segment(item_id or ""))
 
     @staticmethod
     def _queue(delivery: Delivery) -> str:

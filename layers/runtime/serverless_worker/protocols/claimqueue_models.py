@@ -22,6 +22,7 @@ from ..errors import (
     RateLimitedError,
     ServerUnavailableError,
 )
+from ..logsafety import server_text
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -160,17 +161,12 @@ class SocketError(_Wire):
 
 
 def _error_text(body: Any, secrets: tuple[str, ...]) -> str:
-    """The server's own error text, shortened, with any of our secrets masked."""
+    """The server's own error text, shortened, secrets cut out and controls escaped
+    (``logsafety.server_text``)."""
     text = body.get("error") if isinstance(body, dict) else None
     if text is None:
         return ""
-    text = str(text)
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "**********")
-    if len(text) > _MAX_ERROR_TEXT:
-        text = text[:_MAX_ERROR_TEXT] + "..."
-    return text
+    return server_text(str(text), secrets, limit=_MAX_ERROR_TEXT)
 
 
 def raise_for_answer(
@@ -189,7 +185,7 @@ def raise_for_answer(
     ``error`` is the server refusing this request, which a retry would not change.
     """
     said = _error_text(body, secrets)
-    what = f"server said {said!r}" if said else "no error text"
+    what = f"server said '{said}'" if said else "no error text"  # escaped already: no repr
     about = f" for item {job_id}" if job_id else ""
     if status is not None and not 200 <= status < 300:
         if status == 429:

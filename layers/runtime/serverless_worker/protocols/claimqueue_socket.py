@@ -67,12 +67,16 @@ class ClaimQueueSocket:
     """One ``work`` socket for one queue.
 
     ``url`` is the ``ws(s)://`` URL of ``/<queue>/work``; the token travels in the
-    ``Authorization`` header of the handshake, never in the URL.
+    ``Authorization`` header of the handshake, never in the URL. ``proxy`` is the one the
+    client's HTTP transport chose (``protocols/_proxy.py``: none for loopback), never
+    websockets' own reading of the environment, which would proxy a loopback server.
     """
 
     def __init__(self, url: str, token: SecretStr, *, connect_timeout: float = 3.05,
-                 read_timeout: float = 10.0, max_size: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 read_timeout: float = 10.0, max_size: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 proxy: str | None = None) -> None:
         self._url = url
+        self._proxy = proxy
         self._token = token
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
@@ -215,7 +219,7 @@ class ClaimQueueSocket:
             conn = connect(self._url, additional_headers={"Authorization": f"Bearer {token}"},
                            open_timeout=self._connect_timeout, close_timeout=min(self._connect_timeout, 2.0),
                            max_size=self._max_size, logger=_WIRE_LOG,
-                           user_agent_header="serverless-worker", legacy=True)
+                           user_agent_header="serverless-worker", legacy=True, proxy=self._proxy)
         except InvalidStatus as err:
             response = err.response
             try:

@@ -44,8 +44,9 @@ from ..errors import (
     SessionExpiredError,
     UnsupportedServerError,
 )
+from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
-from ._http import HttpResponse
+from ._http import HttpResponse, header_safe
 from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import (
     Delivery,
@@ -211,7 +212,15 @@ class PipelogiqClient(HttpProtocolClient):
             response = self._transport.request("POST", "/workers/bootstrap", endpoint="bootstrap",
                                           json_body=body, headers=self._key_headers())
             self._raise_for_status(response, credential="key")
-            return issued, self._decode(response, BootstrapResponse)
+            answer = self._decode(response, BootstrapResponse)
+            if not header_safe(answer.workerSessionToken.get_secret_value()):
+                # Checked as the API key is: a CR LF would let the server's text start headers
+                # of its own in every request we send (and a NUL fails the transport).
+                raise ProtocolViolationError(
+                    "workerSessionToken is empty or holds whitespace or control characters, so it cannot be "
+                    "sent as the X-Worker-Session header; refused and never sent", endpoint="bootstrap",
+                    status=response.status)
+            return issued, answer
 
         issued, answer = self._retrying(call)
         expires = (answer.sessionExpiresAt.timestamp() if answer.sessionExpiresAt
@@ -485,7 +494,7 @@ class PipelogiqClient(HttpProtocolClient):
             return Lease(expires_at=answer.leaseExpiresAt.timestamp(),
                          attempt=answer.attempt if answer.attempt is not None else delivery.attempt,
                          renewable=True)
-        reason = (answer.reason or "unknown")[:80]
+        reason = server_text(answer.reason or "unknown", (self._secret(),), limit=80)
         raise LeaseRefusedError(reason, action=REFUSAL_ACTIONS.get(reason, "leave"), endpoint=label,
                                 job_id=delivery.job_id)
 
@@ -656,7 +665,11 @@ class PipelogiqClient(HttpProtocolClient):
         return {"X-API-Key": self._secret()}
 
     def _session_headers(self) -> dict[str, str]:
-        return {"X-Worker-Session": self._require_session().token.get_secret_value()}
+        token = self._require_session().token.get_secret_value()
+        if not header_safe(token):  # a session restored from state, stored by an older release
+            raise SessionExpiredError("stored worker session token cannot be sent as a header: re-bootstrap",
+                                      endpoint="session")
+        return {"X-Worker-Session": token}
 
     def _session_post(self, path: str, label: str, body: dict[str, Any]) -> None:
         response = self._transport.request("POST", path, endpoint=label, json_body=body,
@@ -724,10 +737,7 @@ class PipelogiqClient(HttpProtocolClient):
         secrets = [self._secret(), *redact]
         if self._session is not None:
             secrets.append(self._session.token.get_secret_value())
-        for secret in secrets:
-            if secret:
-                error = error.replace(secret, "[redacted]")
-        return error[:200]
+        return server_text(error, secrets, limit=300)
 
 
 # -- outcome mapping ---------------------------------------------------------------------------
@@ -748,7 +758,8 @@ def _result_request(delivery: Delivery, outcome: Outcome) -> ResultRequest:
         fields = {"isSuccess": False, "errorCode": "VALIDATION_ERROR", "retryable": False,
                   "result": outcome.message or "input rejected by the handler's model"}
     elif kind is OutcomeKind.FAILURE:
-        fields = {"isSuccess": False, "errorCode": outcome.error_code or "HANDLER_ERROR", "retryable": True,
+        fields = {"isSuccess": False, "errorCode": outcome.error_code or "HANDLER_ERROR",
+                  "retryable": outcome.retryable,
                   "result": outcome.message or "handler failed"}
     elif kind is OutcomeKind.TIMEOUT:
         fields = {"isSuccess": False, "errorCode": "HANDLER_TIMEOUT", "retryable": True,

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Literal, NoReturn, TypeVar, Unpack
-from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -38,8 +37,10 @@ from ..errors import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
+from ..logsafety import server_text
 from ..outcome import Outcome, OutcomeKind
 from ._http import HttpResponse
+from ._paths import path_segment
 from .addressing import AddressTally
 from .base import (
     Delivery,
@@ -294,7 +295,7 @@ class PriostackClient(HttpProtocolClient):
     def _send(self, method: str, label: str, *, key: str | None = None,
               json_body: Any = None) -> HttpResponse:
         """One HTTP call with the key attached; in query mode no error keeps the URL."""
-        path = self._prefix + _PATHS[label].format(key=quote(key or "", safe=""))
+        path = self._prefix + _PATHS[label].format(key=path_segment(key or ""))
         headers: dict[str, str] = {}
         params: dict[str, str] | None = None
         secret = self._secret()
@@ -430,7 +431,7 @@ class PriostackClient(HttpProtocolClient):
         status, label = response.status, response.endpoint
         if 200 <= status < 300:
             return
-        _raise_status(status, label, _server_error(response), job_key, response.retry_after)
+        _raise_status(status, label, _server_error(response, self._secret()), job_key, response.retry_after)
 
 
 def _raise_status(status: int, label: str, error: str, job_key: str | None,
@@ -466,14 +467,15 @@ def _detached(err: ServerUnavailableError | ProtocolViolationError) -> ProtocolE
     return ProtocolViolationError(message, endpoint=err.endpoint, status=err.status)
 
 
-def _server_error(response: HttpResponse) -> str:
-    """The server's ``error`` text, if the body carries one (bounded)."""
+def _server_error(response: HttpResponse, secret: str) -> str:
+    """The server's ``error`` text, if the body carries one: bounded, the key (which a
+    server may echo with the request's headers) cut out, controls escaped."""
     try:
         data = response.json_or_none()
     except ProtocolViolationError:
         return ""
     error = data.get("error") if isinstance(data, dict) else None
-    return error[:300] if isinstance(error, str) else ""
+    return server_text(error, (secret,), limit=300) if isinstance(error, str) else ""
 
 
 def _plan(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any] | None, int, str]:
@@ -488,7 +490,9 @@ def _plan(delivery: Delivery, outcome: Outcome) -> tuple[str, dict[str, Any] | N
     if kind is OutcomeKind.BAD_INPUT:
         return "fail", None, 0, _error_message(outcome, "bad input")  # retries 0: an incident
     if kind is OutcomeKind.FAILURE:
-        return "fail", None, max(0, _retries(delivery) - 1), _error_message(outcome, "handler failed")
+        # A deterministic failure (an unreportable result) would only fail alike: retries 0.
+        retries = max(0, _retries(delivery) - 1) if outcome.retryable else 0
+        return "fail", None, retries, _error_message(outcome, "handler failed")
     if kind is OutcomeKind.TIMEOUT:
         return "fail", None, max(0, _retries(delivery) - 1), _error_message(outcome, "handler timed out")
     raise ValueError(f"{kind.value} outcomes are not reported to Priostack; use hand_back()")

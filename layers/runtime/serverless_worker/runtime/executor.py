@@ -128,7 +128,8 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
         return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
                          epoch=epoch)
 
-    outcome = store_outcome(services, ledger_key, epoch, _run(services, delivery, spec, lease, budget))
+    outcome = store_outcome(services, ledger_key, epoch, _run(services, delivery, spec, lease, budget),
+                            subject=f"handler {delivery.handler!r} (job {delivery.job_id})")
     return settle(services, ledger_key, delivery, outcome)
 
 
@@ -138,7 +139,8 @@ def budget_fits(budget: float, handler_timeout: float | None) -> bool:
     return not (budget < 1.0 or (handler_timeout is not None and budget < handler_timeout))
 
 
-def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outcome) -> Outcome:
+def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outcome, *,
+                  subject: str = "the handler") -> Outcome:
     """Store ``outcome`` and return what was stored: an outcome too large for the ledger
     item (a result of several hundred KB) is stored, and so reported, as a
     RESULT_TOO_LARGE failure instead, never left to crash the invocation."""
@@ -149,7 +151,7 @@ def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outc
         log.error("outcome of job %s does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s",
                   ledger_key, err)
         fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE",
-                           message=f"the handler's {outcome.kind.value} outcome is {err.size} bytes, "
+                           message=f"{subject}: its {outcome.kind.value} outcome is {err.size} bytes, "
                                    f"over the state store's item limit of {err.limit} bytes")
         services.store.store_outcome(ledger_key, epoch, fallback)
         return fallback

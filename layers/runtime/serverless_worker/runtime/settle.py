@@ -117,7 +117,8 @@ def report(services: Services, key: str, delivery: Delivery, outcome: Outcome, *
         receipt = services.call(lambda p: p.report(delivery, outcome))
     except PayloadTooLargeError as err:
         log.error("result too large; reporting a failure instead: %s", err)
-        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE", message=str(err))
+        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE",
+                           message=f"handler {delivery.handler!r} (job {delivery.job_id}): {err}")
         receipt = services.call(lambda p: p.report(delivery, fallback))
     except ResultNotAcceptedError as err:
         # Someone else (or the queue's timeout) finished the job first: a definite outcome.

@@ -105,7 +105,8 @@ def _store(services: Services, key: str, epoch: str, outcome: Outcome) -> bool:
         return False
     except PayloadTooLargeError as err:
         log.error("outcome too large to store; storing a failure instead: %s", err)
-        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE", message=str(err)[:1024])
+        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE",
+                           message=f"delivery {key}: {err}"[:1024])
         services.store.store_outcome(key, epoch, fallback)
     return True
 

@@ -21,14 +21,17 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
+from urllib.parse import unquote
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._validation import reject_unknown, validate_body
 
@@ -54,7 +57,13 @@ FaultKind = Literal[
     "restart_before",      # the server restarts just before this call arrives (Sandbox.restart)
     "restart_after",       # the server applies the call, restarts, and the answer is lost
     "corrupt_delivery",    # one delivery's ``field`` replaced by ``value`` (removed when null); see corrupt()
+    "echo_request",        # answer `status` with an error text echoing the request (headers, query,
+                           # body) and carrying control characters: ESC, CR LF, NUL, C1 CSI
 ]
+
+# What an "echo_request" error text ends with: a terminal escape, a forged log line, a NUL
+# and a C1 control, none of which may reach a worker's log or state raw.
+ECHO_CONTROLS = "\x1b[2J\r\nX-Injected: yes\x00\x9b31m"
 
 
 class FaultRule(BaseModel):
@@ -160,6 +169,17 @@ def json_error(status: int, error: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": error, **extra}, status_code=status)
 
 
+async def _echo_request(request: Request, status: int) -> Response:
+    """A careless server's error: the request it got, credentials and all, quoted back
+    (credential headers first, as a server logging "who asked" would)."""
+    credentials = ("authorization", "x-api-key", "x-worker-session")
+    pairs = sorted(request.headers.items(), key=lambda pair: pair[0] not in credentials)
+    headers = "; ".join(f"{name}: {value}" for name, value in pairs)
+    body = (await request.body()).decode("utf-8", "replace")
+    return json_error(status, f"cannot handle {request.method} {request.url.path}{ECHO_CONTROLS} "
+                              f"query {request.url.query} headers {headers} body {body}")
+
+
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -228,6 +248,9 @@ class Sandbox(ABC):
             if rule:
                 headers = {"Retry-After": str(rule.retry_after)} if rule.retry_after is not None else None
                 return JSONResponse({"error": "rate limited"}, status_code=429, headers=headers)
+            rule = self.faults.fire("echo_request", label)
+            if rule:
+                return await _echo_request(request, rule.status)
             if self.faults.fire("restart_before", label):
                 self._restart(f"restart_before@{label}")
             response = await fn(request)
@@ -309,7 +332,8 @@ class Sandbox(ABC):
                 for task in tasks:
                     task.cancel()
 
-        return Starlette(routes=admin + self.protocol_routes() + self.extra_routes(), lifespan=lifespan)
+        return Starlette(routes=admin + self.protocol_routes() + self.extra_routes(), lifespan=lifespan,
+                         middleware=[Middleware(_EncodedSlashes)])
 
     @staticmethod
     async def _every(interval: float, fn: Callable[[], None]) -> None:
@@ -319,6 +343,40 @@ class Sandbox(ABC):
                 fn()
             except Exception:  # a sweep must never die silently and stop sweeping
                 logging.getLogger("serverless_worker.sandbox").exception("periodic task failed")
+
+
+# An id segment: "{key:id}" in a route. A "/" inside an id arrives encoded (%2F), which the
+# server decodes before routing; _EncodedSlashes hides it as this private-use character
+# until the route has matched, and the convertor gives it back.
+_SLASH = "\ue000"
+
+
+class _IdConvertor(Convertor[str]):
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value.replace(_SLASH, "/")
+
+    def to_string(self, value: str) -> str:
+        return value.replace("/", _SLASH)
+
+
+register_url_convertor("id", _IdConvertor())
+
+
+class _EncodedSlashes:
+    """Route on the path as sent: a segment holding ``%2F`` stays one segment (ids such as
+    ``a/b``), where uvicorn's decoded ``path`` would make it two."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path")
+        if scope["type"] in ("http", "websocket") and raw and b"%2f" in raw.lower():
+            segments = raw.split(b"?", 1)[0].decode("ascii", "replace").split("/")
+            scope = {**scope, "path": "/".join(unquote(segment).replace("/", _SLASH) for segment in segments)}
+        await self.app(scope, receive, send)
 
 
 class SandboxServer:

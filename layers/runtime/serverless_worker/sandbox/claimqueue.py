@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -96,6 +96,13 @@ class SeedQueue(BaseModel):
 
     queue: str = Field(min_length=1)
     items: list[dict[str, Any]]
+    ids: list[str] | None = None  # each item's id (e.g. ".." or "a/b"), else random ones
+
+    @model_validator(mode="after")
+    def _an_id_per_item(self) -> SeedQueue:
+        if self.ids is not None and (len(self.ids) != len(self.items) or not all(self.ids)):
+            raise ValueError("ids must give one nonempty id per item")
+        return self
 
 
 # -- criteria --------------------------------------------------------------------------
@@ -231,8 +238,11 @@ class ClaimQueueSandbox(Sandbox):
         seeds = [validate_body(SeedQueue, one) for one in (body if isinstance(body, list) else [body])]
         created: list[str] = []
         for one in seeds:
-            for payload in one.items:
-                item = _Item(id=self._new_id(), queue=one.queue, item=payload, created_at=time.time())
+            for index, payload in enumerate(one.items):
+                item_id = one.ids[index] if one.ids is not None else self._new_id()
+                if item_id in self._items:
+                    raise ValueError(f"item id {item_id!r} is taken")
+                item = _Item(id=item_id, queue=one.queue, item=payload, created_at=time.time())
                 item.record("created")
                 self._items[item.id] = item
                 created.append(item.id)
@@ -249,16 +259,17 @@ class ClaimQueueSandbox(Sandbox):
     # -- routes ------------------------------------------------------------------------
     def protocol_routes(self) -> list[BaseRoute]:
         return [
-            Route("/{queue}/claim", self.endpoint("claim", self._http_claim), methods=["POST"]),
-            Route("/{queue}/items/{item_id}/progress", self.endpoint("progress", self._http_progress),
+            Route("/{queue:id}/claim", self.endpoint("claim", self._http_claim), methods=["POST"]),
+            # {item_id:id}: an id may hold a "/" (sent as %2F; see _server._EncodedSlashes).
+            Route("/{queue:id}/items/{item_id:id}/progress", self.endpoint("progress", self._http_progress),
                   methods=["POST"]),
-            Route("/{queue}/items/{item_id}/result", self.endpoint("result", self._http_result),
+            Route("/{queue:id}/items/{item_id:id}/result", self.endpoint("result", self._http_result),
                   methods=["POST"]),
-            Route("/{queue}/items/{item_id}", self.endpoint("items.get", self._http_get), methods=["GET"]),
+            Route("/{queue:id}/items/{item_id:id}", self.endpoint("items.get", self._http_get), methods=["GET"]),
         ]
 
     def extra_routes(self) -> list[BaseRoute]:
-        return [WebSocketRoute("/{queue}/work", self._work)]
+        return [WebSocketRoute("/{queue:id}/work", self._work)]
 
     async def _http_claim(self, request: Request) -> Response:
         try:

@@ -78,6 +78,9 @@ class PipelogiqSandboxConfig(BaseModel):
     max_result_bytes: int = 262_144
     max_request_bytes: int = 327_680
     legacy: bool = False  # the older public release: no lease or result API, no long poll
+    # A hostile server: appended to every session token bootstrap hands out, e.g.
+    # "\r\nX-Injected: yes" (header injection) or "\u0000"; the worker must refuse the token.
+    session_token_suffix: str = ""
 
 
 class SeedOptions(BaseModel):
@@ -408,7 +411,7 @@ class PipelogiqSandbox(Sandbox):
         if not isinstance(instance_id, str) or not instance_id:
             instance_id = f"instance-{uuid.uuid4().hex[:12]}"
         now = time.time()
-        token = secrets.token_urlsafe(32)
+        token = secrets.token_urlsafe(32) + self.config.session_token_suffix
         expires = now + self.config.session_ttl_seconds
         optional = ("workerVersion", "sdkVersion", "environment", "hostName", "pid", "supportedHandlers",
                     "capabilities", "metadata")

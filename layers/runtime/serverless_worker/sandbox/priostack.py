@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -82,6 +82,13 @@ class SeedJob(BaseModel):
     then: list[str] = Field(default_factory=list)
     api_key: str | None = None                                  # owner; default the first key
     wire_overrides: dict[str, Any] = Field(default_factory=dict)  # replace fields when activated
+    key: str | None = Field(default=None, min_length=1)  # the first job's key, e.g. "..": count must be 1
+
+    @model_validator(mode="after")
+    def _one_job_per_key(self) -> SeedJob:
+        if self.key is not None and (self.count != 1 or self.then):
+            raise ValueError("a seeded key names one job: count 1 and no then")
+        return self
 
 
 class SeedBody(BaseModel):
@@ -183,7 +190,7 @@ class PriostackSandbox(Sandbox):
                     definition_key=hashlib.sha1(spec.type.encode()).hexdigest()[:20],
                     owner=owner, variables=dict(spec.variables), pending=list(spec.then), retries=retries)
                 self._instances[instance.key] = instance
-                created.append(self._create_job(instance, spec.type, spec.wire_overrides).key)
+                created.append(self._create_job(instance, spec.type, spec.wire_overrides, key=spec.key).key)
         return created
 
     def jobs(self) -> list[dict[str, Any]]:
@@ -208,8 +215,9 @@ class PriostackSandbox(Sandbox):
         p = "/" + self.config.api_prefix.strip("/") if self.config.api_prefix.strip("/") else ""
         return [
             self._route(f"{p}/jobs/activate", "activate", self._activate, ["POST"]),
-            self._route(f"{p}/jobs/{{key}}/complete", "complete", self._complete, ["POST"]),
-            self._route(f"{p}/jobs/{{key}}/fail", "fail", self._fail, ["POST"]),
+            # {key:id}: a key may hold a "/" (sent as %2F; see _server._EncodedSlashes).
+            self._route(f"{p}/jobs/{{key:id}}/complete", "complete", self._complete, ["POST"]),
+            self._route(f"{p}/jobs/{{key:id}}/fail", "fail", self._fail, ["POST"]),
             self._route(f"{p}/jobs/{{key}}/{{action:path}}", "jobs.unknown-action", self._unknown_action,
                         ["GET", "POST", "PUT", "PATCH", "DELETE"]),
             self._route(f"{p}/process-instances/{{key}}", "process-instances.get", self._get_instance,
@@ -414,8 +422,10 @@ class PriostackSandbox(Sandbox):
         return job
 
     def _create_job(self, instance: _Instance, job_type: str,
-                    overrides: dict[str, Any] | None = None) -> _Job:
-        job = _Job(key=self._new_key(), type=job_type, instance=instance, retries=instance.retries,
+                    overrides: dict[str, Any] | None = None, key: str | None = None) -> _Job:
+        if key is not None and key in self._jobs:
+            raise ValueError(f"job key {key!r} is taken")
+        job = _Job(key=key or self._new_key(), type=job_type, instance=instance, retries=instance.retries,
                    input_variables=dict(instance.variables), wire_overrides=dict(overrides or {}))
         job.retries_history.append(job.retries)
         self._jobs[job.key] = job

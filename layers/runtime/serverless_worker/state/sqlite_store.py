@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..logsafety import server_text
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
@@ -578,7 +579,8 @@ class SqliteStateStore:
 
     def mark_dispatch_failed(self, key: str, error: str) -> bool:
         now = self._clock()
-        patch = _Patch().set(status=LedgerStatus.DISPATCH_FAILED.value, error=error, deadline=now, updated_at=now)
+        patch = _Patch().set(status=LedgerStatus.DISPATCH_FAILED.value, error=server_text(error), deadline=now,
+                             updated_at=now)
         return self._transition(key, patch, _status_in([LedgerStatus.RECORDED, LedgerStatus.DISPATCHED]))
 
     # -- delivery ledger: the run ---------------------------------------------------
@@ -667,7 +669,8 @@ class SqliteStateStore:
 
     def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
         parse_ledger_key(key)
-        patch = _Patch().set(deadline=retry_at, error=error[:500], updated_at=self._clock()).add(settle_failures=1)
+        patch = _Patch().set(deadline=retry_at, error=server_text(error), updated_at=self._clock()).add(
+            settle_failures=1)
         # Only while in flight: a final item left the index and must not be put back in it.
         doc = self._update(key, patch, _exists(SCOPE), what="the ledger item")
         return int(doc["settle_failures"]) if doc is not None else 0
@@ -765,7 +768,7 @@ class SqliteStateStore:
 
     def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
         attribute = unfit_attribute(handler)
-        patch = _Patch().set(**{attribute: dumps({"handler": handler, "reason": reason[:1000]}),
+        patch = _Patch().set(**{attribute: dumps({"handler": handler, "reason": server_text(reason, limit=1000)}),
                                 "updated_at": self._clock()})
         # One attribute per handler, set once: two executors finding it at once never lose either.
         return self._update(control_key(protocol, instance), patch, f"NOT ({_exists(attribute)})",
@@ -778,7 +781,7 @@ class SqliteStateStore:
             self._update(pk, _Patch().remove(*names).set(updated_at=self._clock()), None, what="control")
 
     def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
-        patch = _Patch().set(stopped=reason, updated_at=self._clock()) if reason else \
+        patch = _Patch().set(stopped=server_text(reason, limit=1000), updated_at=self._clock()) if reason else \
             _Patch().remove("stopped").set(updated_at=self._clock())
         self._update(control_key(protocol, instance), patch, None, what="control", upsert=True)
 
@@ -807,7 +810,8 @@ class SqliteStateStore:
         now = self._clock()
         # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
         patch = _Patch().remove(SCOPE, DEADLINE, "checkpoint").set(
-            status=status.value, updated_at=now, ttl=int(now) + self._final_retention, error=reason, report=report,
+            status=status.value, updated_at=now, ttl=int(now) + self._final_retention,
+            error=server_text(reason, limit=1000) if reason is not None else None, report=report,
             unknown_to_server=True if unknown_to_server else None)
         values = {"epoch": epoch} if epoch else {}
         return self._transition(key, patch, condition, wait=wait, **values)

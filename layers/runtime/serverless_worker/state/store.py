@@ -91,6 +91,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import logsafety  # noqa: F401  (botocore must not log item bodies: they hold tokens)
 from ..awsclients import LazyClient
 from ..errors import ConfigurationError
+from ..logsafety import server_text
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
 from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
@@ -352,7 +353,7 @@ class DynamoStateStore:
         # Only while no run has claimed it: an ambiguous invoke may have started the executor after all.
         return self._transition(
             key, "SET #status = :dispatch_failed, #error = :error, #deadline = :now, #due = :now, #updated_at = :now",
-            "#status IN (:recorded, :dispatched)", error=error)
+            "#status IN (:recorded, :dispatched)", error=server_text(error))
 
     # -- delivery ledger: the run ---------------------------------------------------
     def start_run(self, key: str, epoch: str, deadline: float) -> LedgerItem | None:
@@ -489,7 +490,7 @@ class DynamoStateStore:
                   "ADD #settle_failures :one")
         # Only while in flight: a final item left the index and must not be put back in it.
         response = self._update(key, update, "attribute_exists(#scope)",
-                                self._values(retry_at=retry_at, error=error[:500], one=1),
+                                self._values(retry_at=retry_at, error=server_text(error), one=1),
                                 returns="UPDATED_NEW", what="the ledger item")
         return int(from_item(response["Attributes"])["settle_failures"]) if response is not None else 0
 
@@ -573,7 +574,7 @@ class DynamoStateStore:
         update = f"SET #{attribute} = :record, #updated_at = :now"
         # One attribute per handler, set once: two executors finding it at once never lose either.
         condition = f"attribute_not_exists(#{attribute})"
-        values = self._values(record=dumps({"handler": handler, "reason": reason[:1000]}))
+        values = self._values(record=dumps({"handler": handler, "reason": server_text(reason, limit=1000)}))
         return self._update(control_key(protocol, instance), update, condition, values,
                             what="control") is not None
 
@@ -590,7 +591,8 @@ class DynamoStateStore:
         """Stop pulling (configuration is wrong) with ``reason``; ``None`` clears it."""
         update = "SET #stopped = :reason, #updated_at = :now" if reason else "SET #updated_at = :now REMOVE #stopped"
         # No condition: an operator flag, last writer wins.
-        self._update(control_key(protocol, instance), update, None, self._values(reason=reason),
+        self._update(control_key(protocol, instance), update, None,
+                     self._values(reason=server_text(reason, limit=1000) if reason else reason),
                      what="control")
 
     def set_draining(self, protocol: str, instance: str, draining: bool) -> None:
@@ -647,6 +649,7 @@ class DynamoStateStore:
         update = "SET #status = :final, #updated_at = :now, #ttl = :ttl"
         if reason is not None:
             update += ", #error = :reason"
+            reason = server_text(reason, limit=1000)
         if report is not None:
             update += ", #report = :report"
         if unknown_to_server:
