@@ -76,12 +76,6 @@ def test_a_rate_limited_error_refuses_a_wait_that_is_not_finite_and_positive(val
 
 # -- limits ---------------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def _waits_allowed() -> Iterator[None]:
-    yield
-    allow_waits()
-
-
 def test_nested_time_limits_leave_the_least_time() -> None:
     assert time_left() == math.inf
     with time_limit(lambda: 30.0):
