@@ -1,5 +1,6 @@
 """CLI tier: Ctrl-C ends ``serverless-worker local`` within its drain's grace even when a
-report or a handler is stuck (docs/local-development.md, "Stopping").
+report or a handler is stuck, and after it nothing new starts (docs/local-development.md,
+"Stopping").
 
 A server that answers every report ``429 Retry-After: 999999999`` used to put the
 executor thread to sleep for that many seconds, and after Ctrl-C the summary printed
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_local_cli import CLI, SANDBOX_KEYS, SECRET, clean_env
+from test_local_cli import CLI, SANDBOX_KEYS, SECRET, clean_env, held, settled
 from test_local_crash import RESULT_ENDPOINT, _input, _ledger, _seed
 
 from serverless_worker.state import LedgerStatus
@@ -37,6 +38,7 @@ GRACE = "3"          # the drain's grace, seconds
 CLAIM_LEASE_SECONDS = 4
 CLAIM_GRACE = "7"
 EXIT_WITHIN = 60     # a process that has not exited by then hangs
+PULL_ENDPOINT = {"pipelogiq": "pull", "priostack": "activate", "claimqueue": "claim"}
 
 HANDLERS = '''
 import os
@@ -52,6 +54,8 @@ def work(job):
     (MARKS / f"{job.input['n']}.started").touch()
     while job.input.get("forever"):  # never returns, and ignores cancellation
         pathlib.Path(os.devnull).exists()
+    while job.input.get("hold") and (MARKS / "hold").exists():
+        job.wait(0.05)
     return {"n": job.input["n"]}
 '''
 
@@ -152,3 +156,37 @@ def test_ctrl_c_ends_the_run_while_a_handler_never_returns(
     # and the server got no result for it
     (job,) = admin.jobs()
     assert admin.stats()["calls"].get(RESULT_ENDPOINT[protocol], 0) == 0, job
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_delivery_pulled_after_ctrl_c_is_handed_back_unstarted(
+        protocol: str, sandbox: Callable[..., Any], tmp_path: Path) -> None:
+    # given a worker running one job at a time, busy with a job that holds until released
+    server, admin = sandbox(protocol)
+    command, env, state, marks = _command(protocol, server.url, tmp_path)
+    (marks / "hold").touch()
+    _seed(admin, protocol, [{"n": 0, "hold": True}])
+    with worker([*command, "--concurrency", "1"], tmp_path, env) as process:
+        wait_for(lambda: process.poll() is not None or (marks / "0.started").exists(), 60,
+                 "the first job to start", interval=0.1)
+        # and a second job waiting, behind a pull the server will hold for a while
+        label = PULL_ENDPOINT[protocol]
+        admin.faults([{"kind": "latency", "endpoint": label, "latency_ms": 8000, "count": 1}])
+        _seed(admin, protocol, [{"n": 1}])
+        # when the first job ends, the worker pulls the second, and Ctrl-C comes during that pull
+        (marks / "hold").unlink()
+        wait_for(lambda: process.poll() is not None or admin.stats()["faults_fired"] >= 1, 60,
+                 "the next pull to arrive", interval=0.05)
+        out = _interrupt_and_wait(process)
+
+    # then the job the pull brought back after Ctrl-C never started, and went back unstarted
+    assert process.returncode == 0, out
+    assert not (marks / "1.started").exists(), out
+    ledger = _ledger(state)
+    assert [item.status for item in ledger[0]] == [LedgerStatus.ACKNOWLEDGED], ledger
+    assert [item.status for item in ledger[1]] == [LedgerStatus.HANDED_BACK], ledger
+    # and on the server it has no result, and is not held (a claim-queue item has no release
+    # call over HTTP: its lease lapses)
+    second = next(job for job in admin.jobs() if _input(protocol, job)["n"] == 1)
+    assert not settled(protocol, second), second
+    assert protocol == "claimqueue" or not held(protocol, second), second

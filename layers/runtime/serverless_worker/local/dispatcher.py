@@ -10,6 +10,10 @@ is closed (the run is ending: what is left stays in the ledger for the next run)
 
 The threads are daemon threads (``local/daemon_pool.py``): one stuck in a handler or a
 report cannot keep the process alive after the run gave up on it.
+
+Once the run is stopping (:meth:`LocalDispatcher.stop_starting`) nothing new starts: a
+delivery pulled after that is refused (``DispatchError``: the scheduler hands it back
+unstarted), and one queued but not yet started is left for the drain to hand back.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class LocalDispatcher(Dispatcher):
         self._retry_delay = retry_delay
         self._entry: ExecutorEntry | None = None
         self._closed = threading.Event()
+        self._stopping = threading.Event()  # the run is stopping: no new job starts
         self._executions = AwsDispatcher(executor_function=None, state_machine_arn=state_machine_arn,
                                          sfn_client=sfn_client) if state_machine_arn else None
         self.concurrency = concurrency
@@ -64,6 +69,8 @@ class LocalDispatcher(Dispatcher):
             raise DispatchError("the local dispatcher has no executor attached")
         if self._closed.is_set():
             raise DispatchError("the local executor pool is shut down")
+        if self._stopping.is_set():
+            raise DispatchError("the worker is stopping: no new job starts")
         try:
             self._pool.submit(lambda: self._invoke(ledger_key))
         except RuntimeError as err:  # shut down between the check and the submit
@@ -71,6 +78,8 @@ class LocalDispatcher(Dispatcher):
         self._observer.arrived()
 
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
+        if handover_epoch is None and self._stopping.is_set():  # a continue-as-new goes on
+            raise DispatchError("the worker is stopping: no new job starts")
         self._state_machine().start_execution(ledger_key, handover_epoch)
         if handover_epoch is None:  # a continue-as-new is the same job, not a new arrival
             self._observer.arrived()
@@ -87,8 +96,17 @@ class LocalDispatcher(Dispatcher):
         return self._executions
 
     # -- the pool ------------------------------------------------------------------------
+    def stop_starting(self) -> None:
+        """The run is stopping: from now on no new job starts (see the module docstring)."""
+        self._stopping.set()
+
     def _invoke(self, ledger_key: str) -> None:
         assert self._entry is not None
+        if self._stopping.is_set():
+            # Queued before the stop, not started: still RECORDED/DISPATCHED in the ledger,
+            # which the drain hands back unstarted.
+            log.info("executor for %s not started: the worker is stopping", ledger_key)
+            return
         self._observer.executor_started()
         failed = False
         request_id = str(uuid.uuid4())  # kept across retries, as Lambda keeps it

@@ -150,6 +150,7 @@ class LocalRunner:
         self._swept = 0               # settled items the state file's sweep deleted during the run
         self._started_at = time.time()
         self._recovered = RecoveryReport()
+        self._dispatcher: LocalDispatcher | None = None  # set by _build; told when a stop is requested
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -244,6 +245,7 @@ class LocalRunner:
                                      executor_timeout=function_timeout("ExecutorFunction"),
                                      state_machine_arn=arn, sfn_client=aws.sfn if aws is not None else None)
         cleanup.callback(dispatcher.close, False)
+        self._dispatcher = dispatcher
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
         services = Services(settings=settings, store=self._state.store,
                             registry=registry, dispatcher=dispatcher, client_overrides=overrides,
@@ -489,6 +491,8 @@ class LocalRunner:
         with self._stop_lock:
             if self._stop is None:
                 self._stop = _Stop(reason, exit_status, never_reached)
+        if self._dispatcher is not None:
+            self._dispatcher.stop_starting()  # from now on, a delivery pulled is handed back unstarted
         self._stop_requested.set()
         self._observer.capacity.set()
 
