@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ def test_at_most_the_pool_s_size_runs_at_once_and_the_rest_wait_their_turn() -> 
         all_done.release()
 
     for name in "abcd":
-        pool.submit(lambda name=name: call(name))
+        pool.submit(functools.partial(call, name))
 
     # then two start, on daemon threads, and the others only once those finish
     assert two_started.acquire(timeout=10) and two_started.acquire(timeout=10)

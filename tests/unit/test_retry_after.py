@@ -6,7 +6,7 @@ waits are abandoned. Waits are planned on a fake clock: no test sleeps."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from email.utils import formatdate
 
 import pytest
@@ -116,7 +116,20 @@ def real_backoff() -> Iterator[None]:
 POLICY = RetryPolicy(attempts=6, timeout=30.0, wait_initial=0.001, wait_max=0.001, wait_jitter=0.0)
 
 
-def _rate_limited(retry_after: float | None, attempts: list[int]) -> object:
+class Planned:
+    """A fake clock and a ``sleep`` that notes each wait and moves the clock: the waits
+    retry_call plans, without sleeping."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.waits: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.clock.advance(seconds)
+
+
+def _rate_limited(retry_after: float | None, attempts: list[int]) -> Callable[[int], str]:
     def call(number: int) -> str:
         attempts.append(number)
         raise RateLimitedError("rate limited", endpoint="result", retry_after=retry_after)
@@ -127,59 +140,55 @@ def _rate_limited(retry_after: float | None, attempts: list[int]) -> object:
 @pytest.mark.usefixtures("real_backoff")
 def test_a_huge_retry_after_is_cut_to_the_retry_budget() -> None:
     # given a server answering every report 429 Retry-After: 999999999
-    clock, waits, attempts = FakeClock(), [], []
-    sleep = lambda seconds: (waits.append(seconds), clock.advance(seconds))  # noqa: E731
+    planned, attempts = Planned(), list[int]()
 
     # when the report is retried under a 30 s budget
     with pytest.raises(RateLimitedError):
-        retry_call(_rate_limited(999_999_999.0, attempts), POLICY, clock=clock.monotonic, sleep=sleep)
+        retry_call(_rate_limited(999_999_999.0, attempts), POLICY, clock=planned.clock.monotonic, sleep=planned.sleep)
 
     # then it waited what was left of the budget, once, and tried once more at its end
-    assert waits == [30.0]
+    assert planned.waits == [30.0]
     assert attempts == [1, 2]
 
 
 @pytest.mark.usefixtures("real_backoff")
 def test_a_retry_after_is_cut_to_the_time_limit_of_the_caller() -> None:
     # given 4 s left of the invocation (a Lambda's remaining time)
-    clock, waits, attempts = FakeClock(), [], []
-    sleep = lambda seconds: (waits.append(seconds), clock.advance(seconds))  # noqa: E731
-    end = clock.monotonic() + 4.0
+    planned, attempts = Planned(), list[int]()
+    end = planned.clock.monotonic() + 4.0
 
-    with time_limit(lambda: end - clock.monotonic()), pytest.raises(RateLimitedError):
-        retry_call(_rate_limited(60.0, attempts), POLICY, clock=clock.monotonic, sleep=sleep)
+    with time_limit(lambda: end - planned.clock.monotonic()), pytest.raises(RateLimitedError):
+        retry_call(_rate_limited(60.0, attempts), POLICY, clock=planned.clock.monotonic, sleep=planned.sleep)
 
-    assert waits == [4.0]
+    assert planned.waits == [4.0]
     assert attempts == [1, 2]
 
 
 @pytest.mark.usefixtures("real_backoff")
 def test_a_retry_after_within_the_budget_is_honoured_and_not_waited_after_the_last_attempt() -> None:
-    clock, waits, attempts = FakeClock(), [], []
-    sleep = lambda seconds: (waits.append(seconds), clock.advance(seconds))  # noqa: E731
+    planned, attempts = Planned(), list[int]()
     policy = RetryPolicy(attempts=3, timeout=30.0)
 
     with pytest.raises(RateLimitedError):
-        retry_call(_rate_limited(2.5, attempts), policy, clock=clock.monotonic, sleep=sleep)
+        retry_call(_rate_limited(2.5, attempts), policy, clock=planned.clock.monotonic, sleep=planned.sleep)
 
     assert attempts == [1, 2, 3]
-    assert waits == [2.5, 2.5]  # none after the third: nothing would follow it
+    assert planned.waits == [2.5, 2.5]  # none after the third: nothing would follow it
 
 
 @pytest.mark.usefixtures("real_backoff")
 @pytest.mark.parametrize("header", ["nan", "inf", "-5", "garbage"])
 def test_an_unusable_retry_after_falls_back_to_the_policy_s_own_backoff(header: str) -> None:
     # given a 429 whose Retry-After is not a usable number
-    clock, waits, attempts = FakeClock(), [], []
-    sleep = lambda seconds: (waits.append(seconds), clock.advance(seconds))  # noqa: E731
+    planned, attempts = Planned(), list[int]()
     retry_after = HttpResponse(429, {"Retry-After": header}, b"", "result").retry_after
 
     with pytest.raises(RateLimitedError):
-        retry_call(_rate_limited(retry_after, attempts), POLICY, clock=clock.monotonic, sleep=sleep)
+        retry_call(_rate_limited(retry_after, attempts), POLICY, clock=planned.clock.monotonic, sleep=planned.sleep)
 
     # then no server-directed wait (neither forever nor none): stamina's exponential backoff,
     # within the policy's attempts
-    assert waits == []
+    assert planned.waits == []
     assert attempts == [1, 2, 3, 4, 5, 6]
 
 
@@ -207,3 +216,26 @@ def test_no_retry_once_the_waits_are_abandoned() -> None:
     with pytest.raises(RateLimitedError):
         retry_call(_rate_limited(1.0, attempts), POLICY)
     assert attempts == [1]
+
+
+def test_a_lambda_invocation_limits_every_retry_wait_to_its_remaining_time() -> None:
+    from serverless_worker.runtime import entry
+
+    class Context:
+        aws_request_id, function_name = "req-1", "executor"
+
+        def get_remaining_time_in_millis(self) -> int:
+            return 10_000
+
+    seen: list[float] = []
+
+    def handler(event: dict[str, object], context: object) -> dict[str, object]:
+        seen.append(time_left())
+        return {}
+
+    invoke = entry._clear_errors(handler)
+
+    invoke({}, Context())
+
+    assert seen == [10.0 - entry.WAIT_MARGIN_SECONDS]
+    assert time_left() == math.inf  # only within the invocation
