@@ -1,6 +1,5 @@
 """CLI tier: Ctrl-C ends ``serverless-worker local`` within its drain's grace even when a
-report or a handler is stuck, and after it nothing new starts (docs/local-development.md,
-"Stopping").
+report or a handler is stuck, and after it nothing new starts (docs/local-development.md).
 
 A server that answers every report ``429 Retry-After: 999999999`` used to put the
 executor thread to sleep for that many seconds, and after Ctrl-C the summary printed

@@ -1,5 +1,5 @@
 """A server's Retry-After is read as the standard says (delta-seconds or an HTTP date) and
-refused when it is not a usable number (docs/protocols.md, "Retries"); a wait it asks for
+refused when it is not a usable number (docs/protocols.md); a wait it asks for
 is cut to the time left: the retry budget, a caller's time limit, and nothing once the
 waits are abandoned. Waits are planned on a fake clock: no test sleeps."""
 
