@@ -13,6 +13,7 @@ import stamina
 from serverless_worker.sandbox import create_sandbox
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
+from serverless_worker.waits import allow_waits
 from support.clock import SANDBOX_MODULES, SandboxClock
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
@@ -33,6 +34,13 @@ def _no_backoff() -> Iterator[None]:
     stamina.set_testing(True, attempts=6)
     yield
     stamina.set_testing(False)
+
+
+@pytest.fixture(autouse=True)
+def _waits_allowed() -> Iterator[None]:
+    """A test that abandoned the process's retry waits (``waits.abandon_waits``) leaves them allowed."""
+    yield
+    allow_waits()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ endpoint, status and identifiers a caller needs, never a credential.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,11 +100,13 @@ class ForbiddenError(ProtocolError):
 
 
 class RateLimitedError(ProtocolError):
-    """429: back off (``retry_after`` seconds when the server said so)."""
+    """429: back off (``retry_after`` seconds when the server said so: finite and not
+    negative, else ``None``; see ``waits.parse_retry_after``)."""
 
     def __init__(self, message: str, *, endpoint: str = "", status: int | None = 429,
                  retry_after: float | None = None) -> None:
-        self.retry_after = retry_after
+        usable = retry_after is not None and math.isfinite(retry_after) and retry_after >= 0
+        self.retry_after = retry_after if usable else None
         super().__init__(message, endpoint=endpoint, status=status)
 
 

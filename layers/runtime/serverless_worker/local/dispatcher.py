@@ -5,22 +5,29 @@ Functions, exactly as in AWS.
 
 An executor invocation that raises is retried with the same request id, as Lambda
 retries an async invocation (``MaximumRetryAttempts`` in template.yaml), so the
-executor's "never run a handler twice" path runs locally too.
+executor's "never run a handler twice" path runs locally too; not once the dispatcher
+is closed (the run is ending: what is left stays in the ledger for the next run).
+
+The threads are daemon threads (``local/daemon_pool.py``): one stuck in a handler or a
+report cannot keep the process alive after the run gave up on it.
+
+Once the run is stopping (:meth:`LocalDispatcher.stop_starting`) nothing new starts: a
+delivery pulled after that is refused (``DispatchError``: the scheduler hands it back
+unstarted), and one queued but not yet started is left for the drain to hand back.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..awsclients import StepFunctionsClient
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.dispatch import AwsDispatcher, Dispatcher, DispatchError
+from .daemon_pool import DaemonPool
 from .observe import RunObserver
 
 __all__ = ["ExecutorEntry", "LocalDispatcher"]
@@ -41,13 +48,14 @@ class LocalDispatcher(Dispatcher):
     def __init__(self, *, concurrency: int, executor_timeout: float, observer: RunObserver,
                  state_machine_arn: str | None = None, sfn_client: StepFunctionsClient | None = None,
                  retries: int = 2, retry_delay: float = 1.0) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="executor")
+        self._pool = DaemonPool(concurrency, name="executor")
         self._timeout = executor_timeout
         self._observer = observer
         self._retries = retries
         self._retry_delay = retry_delay
         self._entry: ExecutorEntry | None = None
         self._closed = threading.Event()
+        self._stopping = threading.Event()  # the run is stopping: no new job starts
         self._executions = AwsDispatcher(executor_function=None, state_machine_arn=state_machine_arn,
                                          sfn_client=sfn_client) if state_machine_arn else None
         self.concurrency = concurrency
@@ -61,13 +69,17 @@ class LocalDispatcher(Dispatcher):
             raise DispatchError("the local dispatcher has no executor attached")
         if self._closed.is_set():
             raise DispatchError("the local executor pool is shut down")
+        if self._stopping.is_set():
+            raise DispatchError("the worker is stopping: no new job starts")
         try:
-            self._pool.submit(self._invoke, ledger_key)
+            self._pool.submit(lambda: self._invoke(ledger_key))
         except RuntimeError as err:  # shut down between the check and the submit
             raise DispatchError("the local executor pool is shut down") from err
         self._observer.arrived()
 
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
+        if handover_epoch is None and self._stopping.is_set():  # a continue-as-new goes on
+            raise DispatchError("the worker is stopping: no new job starts")
         self._state_machine().start_execution(ledger_key, handover_epoch)
         if handover_epoch is None:  # a continue-as-new is the same job, not a new arrival
             self._observer.arrived()
@@ -84,8 +96,17 @@ class LocalDispatcher(Dispatcher):
         return self._executions
 
     # -- the pool ------------------------------------------------------------------------
+    def stop_starting(self) -> None:
+        """The run is stopping: from now on no new job starts (see the module docstring)."""
+        self._stopping.set()
+
     def _invoke(self, ledger_key: str) -> None:
         assert self._entry is not None
+        if self._stopping.is_set():
+            # Queued before the stop, not started: still RECORDED/DISPATCHED in the ledger,
+            # which the drain hands back unstarted.
+            log.info("executor for %s not started: the worker is stopping", ledger_key)
+            return
         self._observer.executor_started()
         failed = False
         request_id = str(uuid.uuid4())  # kept across retries, as Lambda keeps it
@@ -98,13 +119,20 @@ class LocalDispatcher(Dispatcher):
                 except Exception as err:
                     # Messages of the project's errors never carry secrets; a handler's own
                     # exception never reaches here (it becomes the job's outcome).
+                    if self._closed.is_set():
+                        log.info("executor for %s ended by the shutdown (%s: %s); the delivery stays "
+                                 "in the state file for the next run", ledger_key, type(err).__name__, err)
+                        failed = True
+                        return
                     left = self._retries - attempt
                     log.warning("executor for %s failed (%s: %s)%s", ledger_key, type(err).__name__, err,
                                 f"; retrying ({left} left)" if left else "; giving up")
                     if not left:
                         failed = True
                         return
-                    time.sleep(self._retry_delay * (attempt + 1))
+                    if self._closed.wait(self._retry_delay * (attempt + 1)):
+                        failed = True  # closed meanwhile: not retried (see above)
+                        return
         finally:
             self._observer.executor_finished(failed)
 

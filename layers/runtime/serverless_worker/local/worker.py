@@ -18,7 +18,12 @@ drain: stop pulling, hand back what never started, let running jobs finish, shut
 worker down; then the summary. The exit status is 0 only when every delivery taken reached
 a definite outcome on the server (the ledger, and what the run reported to the observer:
 ``RunObserver.unsettled``) and every answer of the server could be used
-(``RunObserver.unusable_answer``); the summary lists what did not.
+(``RunObserver.unusable_answer``); the summary lists what did not. Nothing outlasts the
+drain's grace for long: once a stop is requested the scheduler's calls are no longer
+retried, the drain's only within its grace, and when the grace is over every retry wait is
+abandoned (``waits.py``) and a handler still running is left on its (daemon) thread; the
+deliveries they held stay unsettled in the ledger, the summary lists them, the exit status
+is not 0, and the next run on the same file settles them.
 
 Example::
 
@@ -29,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 import threading
@@ -59,6 +65,7 @@ from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
+from ..waits import abandon_waits, allow_waits, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
 from .dispatcher import LocalDispatcher
@@ -149,6 +156,7 @@ class LocalRunner:
         self._started_at = time.time()
         self._recovered = RecoveryReport()
         self._server_note: str | None = None  # the state file served another server until now
+        self._dispatcher: LocalDispatcher | None = None  # set by _build; told when a stop is requested
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -158,6 +166,7 @@ class LocalRunner:
         loaded = load_local_handlers(self.settings.handler_module, root, list(self.settings.handlers))
         registry = instrument(loaded, self._observer)
         names = list(self.settings.handlers) or registry.names()
+        allow_waits()  # a new run: retry waits are allowed again (see _give_up)
         with ExitStack() as cleanup:
             # First: a SIGTERM during start-up then drains (nothing taken yet) instead of killing.
             cleanup.callback(self._restore_signals, self._install_signals())
@@ -184,6 +193,7 @@ class LocalRunner:
             held = HeldLogs().attach(logging.getLogger().handlers)
             cleanup.callback(held.detach)
             forced = self._work(services, scheduler, dispatcher, progress, held)
+            self._give_up(dispatcher)
             if self._stop is not None and self._stop.never_reached:
                 progress.abandon()
                 held.drop()
@@ -246,6 +256,7 @@ class LocalRunner:
                                      executor_timeout=function_timeout("ExecutorFunction"),
                                      state_machine_arn=arn, sfn_client=aws.sfn if aws is not None else None)
         cleanup.callback(dispatcher.close, False)
+        self._dispatcher = dispatcher
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
         services = Services(settings=settings, store=self._state.store,
                             registry=registry, dispatcher=dispatcher, client_overrides=overrides,
@@ -344,6 +355,14 @@ class LocalRunner:
         progress.update(self._status())
         return self._hurry.is_set()
 
+    @staticmethod
+    def _give_up(dispatcher: LocalDispatcher) -> None:
+        """The drain is over: whatever still runs is abandoned. No executor is retried and
+        every retry wait ends now (its call fails, its delivery stays unsettled in the
+        ledger); a stuck handler stays on its daemon thread, which cannot hold the process."""
+        dispatcher.close(wait=False)
+        abandon_waits()
+
     def _nothing_got_through(self) -> bool:
         """No bootstrap or pull ever went through and no delivery was taken."""
         return not self.own_sandbox and not self._reached_server and self._observer.arrivals == 0
@@ -379,16 +398,26 @@ class LocalRunner:
         return True
 
     def _drain(self, services: Services) -> None:
+        grace_end = time.monotonic() + self.settings.drain_grace_seconds
         try:
-            # No shutdown call to a server no pull ever reached (a bootstrap that kept failing):
-            # it has no worker of ours to stop, and the call would only bootstrap one first.
-            drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
-                  sleep=self._sleep_unless_hurried, shutdown=self._reached_server)
+            # Calls are retried within the grace only: after it, the heartbeat and the shutdown
+            # call are made once each. No shutdown call to a server no pull ever reached (a
+            # bootstrap that kept failing): it has no worker of ours to stop, and the call
+            # would only bootstrap one first.
+            with time_limit(lambda: grace_end - time.monotonic()):
+                drain(services, grace_seconds=self.settings.drain_grace_seconds, poll_seconds=0.2,
+                      sleep=self._sleep_unless_hurried, shutdown=self._reached_server)
         except ServerlessWorkerError as err:
             log.warning("drain did not complete: %s", err)
 
     def _tick_loop(self) -> None:
-        """Ticks back to back; a failed tick is followed by the next one, as a schedule would."""
+        """Ticks back to back; a failed tick is followed by the next one, as a schedule would.
+        Once a stop is requested, the tick's calls are no longer retried (nor waited for on a
+        server's Retry-After): the drain waits for this tick before it starts."""
+        with time_limit(lambda: 0.0 if self._stop_requested.is_set() else math.inf):
+            self._ticks()
+
+    def _ticks(self) -> None:
         failures = 0
         while not self._stop_requested.is_set():
             started = time.monotonic()
@@ -480,6 +509,8 @@ class LocalRunner:
         with self._stop_lock:
             if self._stop is None:
                 self._stop = _Stop(reason, exit_status, never_reached)
+        if self._dispatcher is not None:
+            self._dispatcher.stop_starting()  # from now on, a delivery pulled is handed back unstarted
         self._stop_requested.set()
         self._observer.capacity.set()
 

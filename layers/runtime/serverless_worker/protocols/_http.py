@@ -39,6 +39,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..loopback import is_loopback_url
+from ..waits import parse_retry_after, pause, time_left, waits_abandoned
 from ._curl import CurlSettings, HandlePool, ResponseTooLargeError, TransportError, perform
 from ._proxy import checked_proxy
 
@@ -93,11 +94,9 @@ class HttpResponse:
 
     @property
     def retry_after(self) -> float | None:
-        value = self.headers.get("Retry-After")
-        try:
-            return max(0.0, float(value)) if value is not None else None
-        except ValueError:
-            return None
+        """The ``Retry-After`` header in seconds (``waits.parse_retry_after``), ``None`` when
+        absent or unusable."""
+        return parse_retry_after(self.headers.get("Retry-After"))
 
 
 @dataclass(frozen=True)
@@ -112,13 +111,15 @@ class RetryPolicy:
 
 
 def _retry_hook(exc: Exception) -> bool | float:
-    """Retry 5xx, 429 and unknown network outcomes; honour Retry-After when given."""
+    """Retry 5xx, 429 and unknown network outcomes; a 429's ``Retry-After`` (seconds) when given."""
     if isinstance(exc, RateLimitedError):
         return exc.retry_after if exc.retry_after is not None else True
     return isinstance(exc, ServerUnavailableError)
 
 
-def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "") -> T:
+def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "",
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], object] | None = None) -> T:
     """Call ``fn(attempt_number)`` until it succeeds or the policy gives up.
 
     The attempt number lets a caller read a 404 on a *retry* as "already applied".
@@ -130,37 +131,78 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "
     stamina's retry context (a tenacity ``Retrying`` built per call) cost a tenth of a
     report's CPU. Once it failed retryably, stamina takes over with the policy's whole
     attempt count and what is left of its time, and is handed that failure as its own
-    first attempt, so its backoff, jitter and ``Retry-After`` apply as before.
+    first attempt, so its backoff and jitter apply as before.
+
+    A server's ``Retry-After`` is honoured only up to the time left: what is left of the
+    policy's timeout and of any ``waits.time_limit`` this thread is in. It is waited here,
+    not by stamina, so that ``waits.abandon_waits`` ends it; once the time is up or the
+    waits are abandoned, no further attempt is made and the last error is raised.
+    ``clock`` and ``sleep`` (default: ``waits.pause``) are for tests.
     """
-    started = time.monotonic()
+    started = clock()
     try:
         return fn(1)
     except Exception as err:
         if policy.attempts <= 1 or _retry_hook(err) is False:
             raise
-        first: Exception | None = err
-        log.warning("retrying %s%s (up to %d attempts within %g s): %s",
-                    getattr(err, "endpoint", None) or "a call", f" at {where}" if where else "",
-                    policy.attempts, policy.timeout, err)
+        last: Exception = err
+    left = _left(policy, started, clock)
+    if left <= 0:
+        raise last
+    log.warning("retrying %s%s (up to %d attempts within %g s): %s",
+                getattr(last, "endpoint", None) or "a call", f" at {where}" if where else "",
+                policy.attempts, policy.timeout, last)
     import stamina  # here, not at import: stamina and tenacity (asyncio) stay out of a cold start
 
     _quiet_stamina(stamina)
-    number = 1
+    told: list[float] = []  # a Retry-After cut short is logged once
+
+    def backoff(exc: Exception) -> bool | float:
+        asked = _retry_hook(exc)
+        left = _left(policy, started, clock)
+        if asked is False or left <= 0:
+            return False
+        if asked is True or number >= policy.attempts:
+            # stamina's own backoff (short: policy.wait_max), or the last attempt failed: stamina
+            # stops without waiting.
+            return True
+        wait = min(asked, left)
+        if wait < asked and not told:
+            told.append(wait)
+            log.warning("%s asked to wait %.10g s (Retry-After); waiting %.1f s, the time left for this call",
+                        getattr(exc, "endpoint", None) or "the server", asked, wait)
+        if sleep is not None:
+            sleep(wait)
+        elif not stamina.is_testing() and not pause(wait):
+            return False  # the time ran out or the waits were abandoned meanwhile
+        return 0.0  # waited already: stamina adds nothing
+
+    number, replayed = 1, False
     for attempt in stamina.retry_context(
-        on=_retry_hook,
+        on=backoff,
         attempts=policy.attempts,
-        timeout=max(0.0, policy.timeout - (time.monotonic() - started)),
+        timeout=left,
         wait_initial=policy.wait_initial,
         wait_max=policy.wait_max,
         wait_jitter=policy.wait_jitter,
     ):
         with attempt:
-            if first is not None:  # the attempt made above, as stamina's first
-                failed, first = first, None
-                raise failed
+            # stamina's first attempt is the one made above; none is made once waits are abandoned.
+            if not replayed or waits_abandoned():
+                replayed = True
+                raise last
             number += 1
-            return fn(number)
+            try:
+                return fn(number)
+            except Exception as err:
+                last = err
+                raise
     raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+
+
+def _left(policy: RetryPolicy, started: float, clock: Callable[[], float]) -> float:
+    """What is left of the policy's timeout and of this thread's time limits."""
+    return min(policy.timeout - (clock() - started), time_left())
 
 
 _STAMINA_QUIETED = False

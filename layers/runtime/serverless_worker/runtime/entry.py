@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..awsclients import aws_setup_error, check_region
 from ..errors import ConfigurationError, ServerlessWorkerError
+from ..waits import time_limit
 from .context import LambdaContextLike
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ __all__ = ["aws_setup_error", "drain_worker", "execute_delivery", "reset_service
            "services_from_environment", "state_machine_step", "tick_trigger"]
 
 log = logging.getLogger("serverless_worker.entry")
+
+WAIT_MARGIN_SECONDS = 2.0  # a retry wait ends this long before the invocation's timeout
 
 
 @functools.cache
@@ -94,12 +97,16 @@ def _metrics() -> Metrics:
 Entry = Callable[[dict[str, Any], LambdaContextLike], dict[str, Any]]
 
 def _clear_errors(entry: Entry) -> Entry:
-    """Let the project's errors through; turn AWS setup errors into one ConfigurationError."""
+    """Let the project's errors through; turn AWS setup errors into one ConfigurationError.
+    No retry wait outlasts the invocation (``waits.time_limit``): a server's Retry-After
+    ends ``WAIT_MARGIN_SECONDS`` before Lambda's timeout would, so the failed call is
+    recorded instead of the invocation being killed mid-wait."""
 
     @functools.wraps(entry)
     def wrapper(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
         try:
-            return entry(event, context)
+            with time_limit(lambda: context.get_remaining_time_in_millis() / 1000 - WAIT_MARGIN_SECONDS):
+                return entry(event, context)
         except ServerlessWorkerError:
             raise
         except Exception as err:

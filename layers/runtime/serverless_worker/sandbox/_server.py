@@ -20,11 +20,11 @@ import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import unquote
 
 import uvicorn
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.middleware import Middleware
@@ -66,6 +66,10 @@ FaultKind = Literal[
 ECHO_CONTROLS = "\x1b[2J\r\nX-Injected: yes\x00\x9b31m"
 
 
+# A header value a test may choose freely: printable ASCII, so it can be sent as-is.
+HeaderText = Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]*$", max_length=256)]
+
+
 class FaultRule(BaseModel):
     """One fault: which endpoint label (``*`` for all), how likely, how many times."""
 
@@ -77,7 +81,9 @@ class FaultRule(BaseModel):
     count: int | None = Field(default=None, ge=0)  # fire at most this many times
     status: int = 503
     latency_ms: int = Field(default=0, ge=0)
-    retry_after: float | None = None
+    # The 429's Retry-After: seconds, or the header's text as sent (an HTTP date, "inf",
+    # "nan", "-5", "999999999"), to play a server that sends any of them.
+    retry_after: float | HeaderText | None = None
     # corrupt_delivery: the dotted path of the field to corrupt in one delivery as sent
     # (``payload.executionId``, ``key``, ``id``) and its new value (None: removed).
     field: str | None = None
