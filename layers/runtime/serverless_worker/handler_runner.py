@@ -153,6 +153,8 @@ def decode_payload(spec: HandlerSpec, delivery: Delivery) -> Any:
                 return json.loads(payload)
             except ValueError:
                 return payload
+            except RecursionError:  # valid JSON nested past the decoder's limit: unusable as input
+                raise BadInputError("payload is JSON nested too deep to decode") from None
         return payload
     try:
         if isinstance(payload, str):
@@ -161,6 +163,8 @@ def decode_payload(spec: HandlerSpec, delivery: Delivery) -> Any:
     except ValidationError as err:
         raise BadInputError(
             f"payload does not match {model.__name__}: {describe_validation_error(err)}") from None
+    except RecursionError:
+        raise BadInputError("payload nests too deep to validate") from None
 
 
 def run_handler(

@@ -306,7 +306,7 @@ class PipelogiqClient(HttpProtocolClient):
         if isinstance(payload, str | bytes):
             try:
                 payload = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):
                 payload = None
         try:
             address = StageAddress.model_validate(payload)

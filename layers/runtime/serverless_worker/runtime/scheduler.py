@@ -11,6 +11,7 @@ moment it is pulled, so capacity never overshoots.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,8 +32,10 @@ from ..errors import (
     UnknownHandlerError,
 )
 from ..protocols.base import Delivery, PullRequest, WorkerStatus
+from ..state.errors import UnrecordableDeliveryError
 from .context import LambdaContextLike
 from .dispatch import DispatchError
+from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, idle_window
 from .reaper import reap
 from .services import Services
@@ -66,6 +69,8 @@ class TickReport:
     heartbeats: int = 0
     reaped: int = 0
     full_waits: int = 0
+    unrecordable: int = 0  # deliveries the ledger cannot hold, settled on their own (runtime/poison.py)
+    unsettled: list[str] = field(default_factory=list)  # "job <id>: why" of those left without an outcome
     stopped: str | None = None
     duration: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -386,15 +391,15 @@ class Scheduler:
         request each).
         """
         store = self.services.store
+        record = functools.partial(self._record_and_dispatch, report=report)
         if len(deliveries) < 2 or not store.records_in_batches:
-            return pending.submit(self._record_and_dispatch, deliveries, report)
+            return pending.submit(record, deliveries, report)
         deadline = self._dispatch_deadline()
         modes = [self._mode(delivery) for delivery in deliveries]
         keys = store.record_new(list(zip(deliveries, modes, strict=True)), instance=self.services.instance,
                                 deadline=deadline)
         recorded = list(zip(deliveries, keys, modes, strict=True))
-        pending.submit(self._record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
-                       report)
+        pending.submit(record, [delivery for delivery, key, _ in recorded if key is None], report)
         pending.add([self._dispatch(delivery, key, mode, deadline) for delivery, key, mode in recorded
                      if key is not None], report)
         return len(deliveries)
@@ -406,14 +411,23 @@ class Scheduler:
         """When a delivery recorded now counts as stranded if no executor has claimed it."""
         return self.services.clock() + self.services.settings.dispatch_timeout_seconds
 
-    def _record_and_dispatch(self, delivery: Delivery) -> str:
+    def _record_and_dispatch(self, delivery: Delivery, report: TickReport) -> str:
         services = self.services
         deadline = self._dispatch_deadline()
         mode = self._mode(delivery)
-        # A delivery we handed back earlier comes back under the same ledger key (same
-        # execution / same retries): it is the redelivery we asked for, so record it again.
-        key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                             dispatch_mode=mode, again_after_hand_back=True)
+        try:
+            # A delivery we handed back earlier comes back under the same ledger key (same
+            # execution / same retries): it is the redelivery we asked for, so record it again.
+            key = services.store.record_delivery(delivery, instance=services.instance, deadline=deadline,
+                                                 dispatch_mode=mode, again_after_hand_back=True)
+        except UnrecordableDeliveryError as err:
+            # This delivery alone: its outcome is settled here, and the rest of its batch runs.
+            result, why = settle_unrecordable(services, delivery, err)
+            with self._report_lock:
+                report.unrecordable += 1
+                if result == UNSETTLED:
+                    report.unsettled.append(f"job {delivery.job_id!a}: {why}")
+            return result
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:

@@ -44,6 +44,10 @@ class DeliveryWatcher(Protocol):
     def settled(self, delivery: Delivery, how: str) -> None:
         """It settled: ``done``, ``failed`` (a result reported), ``handed_back`` or ``discarded``."""
 
+    def unsettled(self, delivery: Delivery, why: str) -> None:
+        """It could not be recorded nor given an outcome (``runtime/poison.py``): left to the
+        server's timeout, never to be settled by this run."""
+
 
 @dataclass
 class Services:

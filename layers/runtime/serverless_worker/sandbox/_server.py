@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
@@ -40,6 +41,7 @@ __all__ = [
     "SandboxServer",
     "DroppedResponse",
     "json_error",
+    "lenient_json",
 ]
 
 FaultKind = Literal[
@@ -51,7 +53,12 @@ FaultKind = Literal[
     "expire_session",      # expire the worker session now (protocol-specific)
     "restart_before",      # the server restarts just before this call arrives (Sandbox.restart)
     "restart_after",       # the server applies the call, restarts, and the answer is lost
+    "deep_answer",         # apply the effect, then answer 200 with JSON nested DEEP_ANSWER_LEVELS deep
+    "expired_lease",       # grant a lease already past its expiry (protocol-specific)
 ]
+
+# How deep a ``deep_answer`` nests: far past any JSON decoder's recursion limit.
+DEEP_ANSWER_LEVELS = 100_000
 
 
 class FaultRule(BaseModel):
@@ -105,6 +112,16 @@ class FaultInjector:
             self.log.append({"at": time.time(), "kind": kind, "endpoint": endpoint})
             return rule
         return None
+
+
+def lenient_json(content: Any, status_code: int = 200) -> Response:
+    """JSON as a server with UTF-16 strings sends it: a lone surrogate (a job key seeded as
+    ``"\\ud800"``) goes out as its ``\\u`` escape, where UTF-8 text has no form for it."""
+    try:
+        return JSONResponse(content, status_code=status_code)
+    except UnicodeEncodeError:
+        return Response(json.dumps(content, separators=(",", ":")).encode("ascii"), status_code=status_code,
+                        media_type="application/json")
 
 
 class _ResponseDropped(Exception):
@@ -214,6 +231,8 @@ class Sandbox(ABC):
                 return DroppedResponse()
             if self.faults.fire("drop_response", label):
                 return DroppedResponse()
+            if self.faults.fire("deep_answer", label):
+                return Response(b"[" * DEEP_ANSWER_LEVELS + b"]" * DEEP_ANSWER_LEVELS, media_type="application/json")
             return response
 
         return wrapped
@@ -222,12 +241,12 @@ class Sandbox(ABC):
         async def admin_seed(request: Request) -> Response:
             try:
                 body = await request.json()
-                return JSONResponse({"created": self.seed(body)}, status_code=201)
+                return lenient_json({"created": self.seed(body)}, status_code=201)
             except (ValueError, ValidationError) as err:
                 return json_error(400, f"bad seed: {err}")
 
         async def admin_jobs(request: Request) -> Response:
-            return JSONResponse({"jobs": self.jobs()})
+            return lenient_json({"jobs": self.jobs()})
 
         async def admin_faults(request: Request) -> Response:
             if request.method == "DELETE":

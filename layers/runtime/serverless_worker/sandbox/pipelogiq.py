@@ -19,6 +19,8 @@ Choices where the document is silent (also listed in the project's closing note)
   seconds after expiry; in between, acquire and renew answer ``lease_expired``.
 - ``isWaitingForApproval`` only parks a successful result; context updates and
   appended stages (added at the end of the pipeline) apply with any applied result.
+- The ``expired_lease`` fault on ``lease.acquire`` grants the lease already past
+  (``leaseExpiresAt`` a second ago); lease recovery then takes it as any expired lease.
 """
 
 from __future__ import annotations
@@ -582,6 +584,9 @@ class PipelogiqSandbox(Sandbox):
         execution = stage.execution(execution_id)
         assert execution is not None
         execution.lease = _Lease(worker.worker_id, now + self.config.lease_seconds)
+        if op == "acquire" and self.faults.fire("expired_lease", "lease.acquire"):
+            # Granted already past: the sweep's lease recovery takes it as any expired lease.
+            execution.lease = _Lease(worker.worker_id, now - 1.0)
         execution.ever_leased = True
         execution.status = "running"
         stage.status = "Running"

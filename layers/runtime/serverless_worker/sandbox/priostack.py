@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ._server import DroppedResponse, Sandbox, json_error
+from ._server import DroppedResponse, Sandbox, json_error, lenient_json
 from ._validation import validate_body
 
 __all__ = ["PriostackSandbox", "PriostackSandboxConfig", "SeedBody", "SeedJob"]
@@ -74,6 +74,7 @@ class SeedJob(BaseModel):
     count: int = Field(default=1, ge=1, le=10_000)
     then: list[str] = Field(default_factory=list)
     api_key: str | None = None                                  # owner; default the first key
+    key: str | None = None  # the job's key (one job: ``count`` 1), e.g. a hostile "\ud800"; default random
     wire_overrides: dict[str, Any] = Field(default_factory=dict)  # replace fields when activated
 
 
@@ -161,6 +162,8 @@ class PriostackSandbox(Sandbox):
         request = validate_body(SeedBody, body)
         created: list[str] = []
         for spec in request.jobs:
+            if spec.key is not None and (spec.count != 1 or spec.key in self._jobs):
+                raise ValueError("a seeded key names one new job: count must be 1 and the key unused")
             owner = spec.api_key or self.config.api_keys[0]
             retries = spec.retries if spec.retries is not None else self.config.default_retries
             for _ in range(spec.count):
@@ -169,7 +172,7 @@ class PriostackSandbox(Sandbox):
                     definition_key=hashlib.sha1(spec.type.encode()).hexdigest()[:20],
                     owner=owner, variables=dict(spec.variables), pending=list(spec.then), retries=retries)
                 self._instances[instance.key] = instance
-                created.append(self._create_job(instance, spec.type, spec.wire_overrides).key)
+                created.append(self._create_job(instance, spec.type, spec.wire_overrides, key=spec.key).key)
         return created
 
     def jobs(self) -> list[dict[str, Any]]:
@@ -269,7 +272,7 @@ class PriostackSandbox(Sandbox):
             if held and self.faults.fire("duplicate_delivery", "activate"):
                 held[0].activations.append({"at": now, "duplicate": True})
                 handed.append(held[0])
-        return JSONResponse({"jobs": [self._wire(job, now) for job in handed]})
+        return lenient_json({"jobs": [self._wire(job, now) for job in handed]})
 
     async def _complete(self, request: Request) -> Response:
         body = await self._body(request, empty_ok=True)
@@ -400,8 +403,8 @@ class PriostackSandbox(Sandbox):
         return job
 
     def _create_job(self, instance: _Instance, job_type: str,
-                    overrides: dict[str, Any] | None = None) -> _Job:
-        job = _Job(key=secrets.token_hex(10), type=job_type, instance=instance, retries=instance.retries,
+                    overrides: dict[str, Any] | None = None, *, key: str | None = None) -> _Job:
+        job = _Job(key=key or secrets.token_hex(10), type=job_type, instance=instance, retries=instance.retries,
                    input_variables=dict(instance.variables), wire_overrides=dict(overrides or {}))
         job.retries_history.append(job.retries)
         self._jobs[job.key] = job

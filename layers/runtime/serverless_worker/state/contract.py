@@ -46,7 +46,11 @@ class StateStore(Protocol):
 
     # -- ledger: recording and dispatch
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None: ...
+                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False) -> str | None:
+        """Write the delivery's ledger item; its key, or ``None`` for a duplicate. A delivery
+        no item can ever hold (content or id, ``items.recordable``; past the item limit)
+        raises ``UnrecordableDeliveryError`` and nothing is written."""
+        ...
 
     records_in_batches: bool
     """Whether ``record_new`` writes a batch for less than ``record_delivery`` per delivery
@@ -55,8 +59,9 @@ class StateStore(Protocol):
     def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
                    deadline: float) -> list[str | None]:
         """Record each delivery that has no ledger item yet, as ``record_delivery`` would;
-        its key, or ``None`` where an item exists or the delivery is too large, for
-        ``record_delivery`` to decide (duplicate, redelivery, hand-back) or refuse."""
+        its key, or ``None`` where an item exists or the delivery cannot be recorded, for
+        ``record_delivery`` to decide (duplicate, redelivery, hand-back) or refuse. Never
+        raises for one delivery of the batch."""
         ...
 
     def mark_dispatched(self, key: str) -> bool: ...

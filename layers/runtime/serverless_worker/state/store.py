@@ -92,7 +92,7 @@ from ..awsclients import LazyClient
 from ..errors import ConfigurationError
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
+from .errors import ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
 from .items import (
     DispatchMode,
     LedgerItem,
@@ -102,9 +102,11 @@ from .items import (
     from_item,
     item_size,
     pack_document,
+    recordable,
     recorded_attributes,
     to_attribute,
     to_item,
+    too_large_to_record,
 )
 from .keys import (
     DEADLINE,
@@ -116,7 +118,6 @@ from .keys import (
     TTL,
     control_key,
     counters_key,
-    ledger_key_for,
     lock_key,
     parse_ledger_key,
     scope_of,
@@ -266,9 +267,8 @@ class DynamoStateStore:
         execution, Priostack re-activates the job with the same ``retries``), so its
         return is the expected next delivery, not a duplicate to drop.
         """
-        key = ledger_key_for(delivery)
         now = self._clock()
-        item = self._recorded_item(key, delivery, instance, deadline, dispatch_mode, now)
+        key, item = self._recorded_item(delivery, instance, deadline, dispatch_mode, now)
         # A new execution; or one whose settled item outlived its ttl (TTL deletes late: it counts as gone).
         condition = "attribute_not_exists(#pk) OR #ttl < :now"
         if again_after_hand_back:
@@ -282,7 +282,10 @@ class DynamoStateStore:
             condition += " OR #unknown_to_server = :yes"
         values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value,
                   "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX, "yes": True}
-        response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+        try:
+            response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+        except ItemTooLargeError as err:
+            raise too_large_to_record(delivery.job_id, err) from None
         if response is None:
             log.info("duplicate delivery %s: already in the ledger", key)
             # While in flight, note it: a report the server then answers "not found" (a Priostack
@@ -305,21 +308,22 @@ class DynamoStateStore:
         now = self._clock()
         keys: list[str | None] = []
         for delivery, mode in deliveries:
-            key = ledger_key_for(delivery)
-            item = self._recorded_item(key, delivery, instance, deadline, mode, now)
             try:
+                key, item = self._recorded_item(delivery, instance, deadline, mode, now)
                 written = self._put(key, item, "attribute_not_exists(#pk)", {}, what="the delivery")
-            except ItemTooLargeError:
+            except (ItemTooLargeError, UnrecordableDeliveryError):
                 written = None  # record_delivery raises it where the caller handles it
             keys.append(key if written is not None else None)
         return keys
 
     @staticmethod
-    def _recorded_item(key: str, delivery: Delivery, instance: str, deadline: float,
-                       dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
-        return to_item(recorded_attributes(key, delivery, packed_delivery=pack_document(delivery.to_record()),
-                                           instance=instance, deadline=deadline, dispatch_mode=dispatch_mode,
-                                           now=now))
+    def _recorded_item(delivery: Delivery, instance: str, deadline: float,
+                       dispatch_mode: DispatchMode | str, now: float) -> tuple[str, dict[str, Any]]:
+        """The key and new item of ``delivery``; UnrecordableDeliveryError when it has none."""
+        key, record = recordable(delivery)
+        packed = pack_document(record, job_id=delivery.job_id)
+        return key, to_item(recorded_attributes(key, delivery, packed_delivery=packed, instance=instance,
+                                                deadline=deadline, dispatch_mode=dispatch_mode, now=now))
 
     def _carry_forgotten_outcome(self, key: str, old: dict[str, Any]) -> None:
         """A job the server forgot comes back with our outcome already stored: keep it, so the
