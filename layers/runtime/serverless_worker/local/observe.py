@@ -57,6 +57,7 @@ class RunObserver:
         self.handler_runs = 0
         self.handler_starts: dict[str, float] = {}  # ledger id -> wall time the handler first started
         self._jobs: dict[str, _Job] = {}             # job id -> its deliveries (DeliveryWatcher)
+        self.unsettled_deliveries: list[str] = []    # "job <id>: why", never recorded nor settled
         self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
 
     def restart_clock(self) -> None:
@@ -98,6 +99,10 @@ class RunObserver:
             job.last = how
             if how in ("done", "failed"):
                 job.reported = how
+
+    def unsettled(self, delivery: Any, why: str) -> None:
+        with self._lock:
+            self.unsettled_deliveries.append(f"job {str(delivery.job_id)!a}: {why}")
 
     def jobs(self) -> JobCounts:
         """Every job so far, each counted once, where it stands."""

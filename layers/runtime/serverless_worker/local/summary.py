@@ -93,6 +93,9 @@ class RunSummary:
     handed_back: int = 0
     discarded: int = 0
     in_flight: int = 0
+    # Deliveries the ledger could not hold and no call settled ("job <id>: why", runtime/poison.py):
+    # never in the ledger, so told by the run's observer.
+    unsettled: list[str] = field(default_factory=list)
     handler_runs: int = 0
     executor_errors: int = 0
     to_start: list[float] = field(default_factory=list)    # from creation (the server gave it)
@@ -112,7 +115,7 @@ class RunSummary:
     @property
     def definite(self) -> bool:
         """Every job taken reached a definite outcome: nothing left in flight or stranded."""
-        return self.in_flight == 0
+        return self.in_flight == 0 and not self.unsettled
 
 
 def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handler_starts: Mapping[str, float],
@@ -215,6 +218,8 @@ def render_summary(summary: RunSummary) -> Any:
     jobs.add_row("still in flight", str(summary.in_flight),
                  "none: every delivery has a definite outcome" if summary.definite
                  else "deliveries left without an outcome")
+    if summary.unsettled:
+        jobs.add_row("left unsettled", str(len(summary.unsettled)), "; ".join(summary.unsettled))
     jobs.add_row("handler runs", str(summary.handler_runs), "continuation slices count each")
     if summary.executor_errors:
         jobs.add_row("executor errors", str(summary.executor_errors), "invocations that failed every retry")

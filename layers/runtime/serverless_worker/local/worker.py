@@ -522,11 +522,13 @@ class LocalRunner:
         # This run's share of the file: what is in flight, and what it wrote (a kept file also
         # holds earlier runs' settled deliveries until their retention ends).
         records = ledger_records(self._state.store.ledger_documents(updated_since=self._started_at))
-        return summarize(records, protocol=self.settings.protocol,
-                         seconds=seconds, handler_starts=dict(observer.handler_starts),
-                         handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
-                         admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
-                         store_ops=dict(services.store.ops))
+        summary = summarize(records, protocol=self.settings.protocol,
+                            seconds=seconds, handler_starts=dict(observer.handler_starts),
+                            handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
+                            admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
+                            store_ops=dict(services.store.ops))
+        summary.unsettled = list(observer.unsettled_deliveries)  # never in the ledger (runtime/poison.py)
+        return summary
 
     def _exit_status(self, summary: RunSummary, forced: bool) -> int:
         stop = self._stop
@@ -537,8 +539,8 @@ class LocalRunner:
             self.console.print(f"serverless-worker local: {stop.reason}", highlight=False, markup=False)
             return stop.exit_status
         if not summary.definite:
-            self.console.print(f"serverless-worker local: {summary.in_flight} deliveries left without a "
-                               "definite outcome", highlight=False, markup=False)
+            self.console.print(f"serverless-worker local: {summary.in_flight + len(summary.unsettled)} deliveries "
+                               "left without a definite outcome", highlight=False, markup=False)
             return EXIT_INCOMPLETE
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:
