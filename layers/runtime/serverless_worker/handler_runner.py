@@ -163,8 +163,6 @@ def decode_payload(spec: HandlerSpec, delivery: Delivery) -> Any:
     except ValidationError as err:
         raise BadInputError(
             f"payload does not match {model.__name__}: {describe_validation_error(err)}") from None
-    except RecursionError:
-        raise BadInputError("payload nests too deep to validate") from None
 
 
 def run_handler(
