@@ -6,7 +6,8 @@ up to the poll window; without work it stays as long as its liveness mode says
 (``runtime/polling.py``). Deliveries are recorded and dispatched on a thread pool while
 the next pull runs (on the local SQLite file, a pulled batch is recorded at once, in one
 transaction), each one recorded before it is dispatched, and counted in flight from the
-moment it is pulled, so capacity never overshoots.
+moment it is pulled, so capacity never overshoots. A delivery the ledger cannot hold is
+settled on its own (``runtime/poison.py``); the rest of its batch goes on.
 """
 
 from __future__ import annotations
@@ -386,7 +387,7 @@ class Scheduler:
 
         Where the store writes a batch for less (the local SQLite file), the new ones of a
         batch are recorded here in one transaction and dispatched at once; what it leaves
-        (an item exists, or too large) goes to the pool one at a time. Otherwise, and for a
+        (an item exists, or it cannot be recorded) goes to the pool one at a time. Otherwise, and for a
         lone delivery, each goes to the pool, recorded beside the next pull (one DynamoDB
         request each).
         """
