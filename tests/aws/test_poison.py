@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,3 +84,43 @@ def test_a_job_key_no_request_can_name_is_reported_unsettled_by_the_tick(worker_
     env.stack.wait_idle(20)
     wait_for(lambda: sorted(job["state"] for job in env.admin.jobs()) == ["active"] + ["completed"] * 4,
              15, "the four others completed")
+
+
+TIMED_HANDLERS = """
+from serverless_worker import handler
+
+
+@handler("timed", timeout=10)
+def timed(job):
+    return {"n": job.input["n"]}
+"""
+
+
+@pytest.mark.parametrize("protocol", ["claimqueue", "pipelogiq"])
+def test_a_lease_granted_already_past_never_runs_the_handler_nor_stops_the_worker(
+        worker_env: Any, protocol: str, tmp_path: Path) -> None:
+    # given three jobs, the first lease granted already past (claim queue lease.until,
+    # Pipelogiq leaseExpiresAt), and a handler that declares a timeout the lease would fit
+    module = tmp_path / "timed_handlers.py"
+    module.write_text(TIMED_HANDLERS)
+    env = worker_env(protocol, handlers=["timed"], handler_module=str(module))
+    env.seed("timed", [{"n": n} for n in range(3)])
+    label = "claim" if protocol == "claimqueue" else "lease.acquire"
+    env.admin.faults([{"kind": "expired_lease", "endpoint": label, "count": 1}])
+
+    # when ticks run until every job is done (the lapsed one comes back with a live lease)
+    for _ in range(5):
+        env.tick(2.0)
+        env.stack.wait_idle(20)
+        if all(done(protocol, job) for job in env.admin.jobs()):
+            break
+
+    # then every job is done, one delivery was discarded unrun, and the worker was never stopped
+    assert all(done(protocol, job) for job in env.admin.jobs()), env.admin.jobs()
+    assert env.admin.stats()["faults_fired"] == 1
+    items = ledger(env)
+    discarded = [item for item in items if item.status == LedgerStatus.DISCARDED]
+    assert len(discarded) == 1 and "lease granted already expired" in (discarded[0].error or ""), items
+    assert all(item.status == LedgerStatus.ACKNOWLEDGED for item in items if item not in discarded), items
+    control = env.stack.store().get_control(protocol, env.stack.services().instance)
+    assert not control.get("unfit") and not control.get("stopped"), control
