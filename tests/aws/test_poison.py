@@ -94,17 +94,21 @@ from serverless_worker import handler
 def timed(job):
     return {"n": job.input["n"]}
 """
+# The same handler on the long-running path (the state machine's acquire step).
+SLICED_HANDLERS = TIMED_HANDLERS.replace('"timed", timeout=10', '"sliced", timeout=10, mode="slices"')
+LEASE_CASES = [("claimqueue", TIMED_HANDLERS), ("pipelogiq", TIMED_HANDLERS), ("pipelogiq", SLICED_HANDLERS)]
 
 
-@pytest.mark.parametrize("protocol", ["claimqueue", "pipelogiq"])
+@pytest.mark.parametrize(("protocol", "handlers"), LEASE_CASES, ids=["claimqueue", "pipelogiq", "pipelogiq-slices"])
 def test_a_lease_granted_already_past_never_runs_the_handler_nor_stops_the_worker(
-        worker_env: Any, protocol: str, tmp_path: Path) -> None:
+        worker_env: Any, protocol: str, handlers: str, tmp_path: Path) -> None:
     # given three jobs, the first lease granted already past (claim queue lease.until,
     # Pipelogiq leaseExpiresAt), and a handler that declares a timeout the lease would fit
     module = tmp_path / "timed_handlers.py"
-    module.write_text(TIMED_HANDLERS)
-    env = worker_env(protocol, handlers=["timed"], handler_module=str(module))
-    env.seed("timed", [{"n": n} for n in range(3)])
+    module.write_text(handlers)
+    name = "sliced" if handlers is SLICED_HANDLERS else "timed"
+    env = worker_env(protocol, handlers=[name], handler_module=str(module))
+    env.seed(name, [{"n": n} for n in range(3)])
     label = "claim" if protocol == "claimqueue" else "lease.acquire"
     env.admin.faults([{"kind": "expired_lease", "endpoint": label, "count": 1}])
 
