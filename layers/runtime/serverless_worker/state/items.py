@@ -26,13 +26,7 @@ from pydantic import BaseModel
 
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt
-from .errors import (
-    DeliveryTooLargeError,
-    InvalidKeyError,
-    ItemTooLargeError,
-    UnrecordableDeliveryError,
-    UnrecordableKeyError,
-)
+from .errors import InvalidKeyError, UnrecordableDeliveryError, UnrecordableKeyError
 from .keys import DEADLINE, PK, SCOPE, SK, ledger_key_for, scope_of, sort_key_for
 
 __all__ = [
@@ -46,7 +40,6 @@ __all__ = [
     "delivery_record",
     "encoded_document",
     "recordable",
-    "too_large_to_record",
     "dumps",
     "from_item",
     "item_size",
@@ -125,11 +118,6 @@ def encoded_document(job_id: str, text: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         raise UnrecordableDeliveryError(job_id, "its content is not valid Unicode (a lone surrogate)") from None
-
-
-def too_large_to_record(job_id: str, err: ItemTooLargeError) -> DeliveryTooLargeError:
-    """The delivery's own content is past the item limit: no write of it can ever go through."""
-    return DeliveryTooLargeError(job_id, err)
 
 
 _serializer = TypeSerializer()

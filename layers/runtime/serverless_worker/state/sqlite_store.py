@@ -36,7 +36,13 @@ from typing import Any, TypeVar
 
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
+from .errors import (
+    DeliveryTooLargeError,
+    ItemTooLargeError,
+    StaleWriteError,
+    StateStoreError,
+    UnrecordableDeliveryError,
+)
 from .group_commit import GroupCommit
 from .items import (
     DispatchMode,
@@ -49,7 +55,6 @@ from .items import (
     encoded_document,
     recordable,
     recorded_attributes,
-    too_large_to_record,
 )
 from .keys import (
     DEADLINE,
@@ -511,7 +516,7 @@ class SqliteStateStore:
             written, old = self._put(key, item, condition, what="the delivery", now=now,
                                      handback=HANDBACK_EPOCH_PREFIX)
         except ItemTooLargeError as err:
-            raise too_large_to_record(delivery.job_id, err) from None
+            raise DeliveryTooLargeError(delivery.job_id, err) from None
         if not written:
             # While in flight, note the redelivery (a "not found" report must then be sent again).
             if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),

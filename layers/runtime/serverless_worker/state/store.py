@@ -92,7 +92,13 @@ from ..awsclients import LazyClient
 from ..errors import ConfigurationError
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
+from .errors import (
+    DeliveryTooLargeError,
+    ItemTooLargeError,
+    StaleWriteError,
+    StateStoreError,
+    UnrecordableDeliveryError,
+)
 from .items import (
     DispatchMode,
     LedgerItem,
@@ -106,7 +112,6 @@ from .items import (
     recorded_attributes,
     to_attribute,
     to_item,
-    too_large_to_record,
 )
 from .keys import (
     DEADLINE,
@@ -285,7 +290,7 @@ class DynamoStateStore:
         try:
             response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
         except ItemTooLargeError as err:
-            raise too_large_to_record(delivery.job_id, err) from None
+            raise DeliveryTooLargeError(delivery.job_id, err) from None
         if response is None:
             log.info("duplicate delivery %s: already in the ledger", key)
             # While in flight, note it: a report the server then answers "not found" (a Priostack
