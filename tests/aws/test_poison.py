@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import base64
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_support import done, jobs_by_id, ledger, wait_for
+from handlers_lease import LEASE_HANDLERS_PATH
 
 from serverless_worker.state import LedgerStatus
 
@@ -86,34 +86,23 @@ def test_a_job_key_no_request_can_name_is_reported_unsettled_by_the_tick(worker_
              15, "the four others completed")
 
 
-TIMED_HANDLERS = """
-from serverless_worker import handler
+# A handler declaring a timeout the live lease fits, on the short path and in slices (the
+# state machine's acquire step).
+LEASE_CASES = [("claimqueue", "lease.timed"), ("pipelogiq", "lease.timed"), ("pipelogiq", "lease.sliced")]
 
 
-@handler("timed", timeout=10)
-def timed(job):
-    return {"n": job.input["n"]}
-"""
-# The same handler on the long-running path (the state machine's acquire step).
-SLICED_HANDLERS = TIMED_HANDLERS.replace('"timed", timeout=10', '"sliced", timeout=10, mode="slices"')
-LEASE_CASES = [("claimqueue", TIMED_HANDLERS), ("pipelogiq", TIMED_HANDLERS), ("pipelogiq", SLICED_HANDLERS)]
-
-
-@pytest.mark.parametrize(("protocol", "handlers"), LEASE_CASES, ids=["claimqueue", "pipelogiq", "pipelogiq-slices"])
+@pytest.mark.parametrize(("protocol", "name"), LEASE_CASES, ids=["claimqueue", "pipelogiq", "pipelogiq-slices"])
 def test_a_lease_granted_already_past_never_runs_the_handler_nor_stops_the_worker(
-        worker_env: Any, protocol: str, handlers: str, tmp_path: Path) -> None:
+        worker_env: Any, protocol: str, name: str) -> None:
     # given three jobs, the first lease granted already past (claim queue lease.until,
     # Pipelogiq leaseExpiresAt), and a handler that declares a timeout the lease would fit
-    module = tmp_path / "timed_handlers.py"
-    module.write_text(handlers)
-    name = "sliced" if handlers is SLICED_HANDLERS else "timed"
-    env = worker_env(protocol, handlers=[name], handler_module=str(module))
+    env = worker_env(protocol, handlers=[name], handler_module=LEASE_HANDLERS_PATH)
     env.seed(name, [{"n": n} for n in range(3)])
     label = "claim" if protocol == "claimqueue" else "lease.acquire"
     env.admin.faults([{"kind": "expired_lease", "endpoint": label, "count": 1}])
 
     # when ticks run until every job is done (the lapsed one comes back with a live lease)
-    for _ in range(5):
+    for _ in range(10):
         env.tick(2.0)
         env.stack.wait_idle(20)
         if all(done(protocol, job) for job in env.admin.jobs()):
@@ -122,6 +111,7 @@ def test_a_lease_granted_already_past_never_runs_the_handler_nor_stops_the_worke
     # then every job is done, one delivery was discarded unrun, and the worker was never stopped
     assert all(done(protocol, job) for job in env.admin.jobs()), env.admin.jobs()
     assert env.admin.stats()["faults_fired"] == 1
+    wait_for(lambda: all(item.status.is_final for item in ledger(env)), 10, "every ledger item settled")
     items = ledger(env)
     discarded = [item for item in items if item.status == LedgerStatus.DISCARDED]
     assert len(discarded) == 1 and "lease granted already expired" in (discarded[0].error or ""), items
