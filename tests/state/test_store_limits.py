@@ -18,6 +18,7 @@ from serverless_worker.state import (
     ItemTooLargeError,
     LedgerStatus,
     StateStore,
+    UnrecordableDeliveryError,
     ledger_key,
     ledger_key_for,
     parse_ledger_key,
@@ -120,6 +121,41 @@ def test_a_delivery_too_large_to_record_is_refused_before_writing(store: StateSt
     assert "delivery-token-s3cr3t" not in str(error)
     assert store.ops["write"] == 0
     assert store.get("delivery#pipelogiq#big-1") is None
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+# One poisoned delivery each, and the words its reason carries (runtime/poison.py sends them to the server).
+POISONED = {
+    "nested past pydantic's serialisation depth": ("deep-1", {"deep": _nested(300)}, "nests too deep"),
+    "a lone surrogate in its content": ("surrogate-1", {"text": "bad\ud800"}, "not valid Unicode"),
+    "a lone surrogate in its id": ("bad\ud800id", {}, "not valid Unicode"),
+    "past the item limit": ("big-1", {"blob": _incompressible(600 * 1024)}, "item limit"),
+}
+
+
+@pytest.mark.parametrize("poison", POISONED)
+def test_a_delivery_no_item_can_hold_is_refused_on_its_own_and_the_batch_recorded(
+        store: StateStore, make_delivery: Any, clock: Any, poison: str) -> None:
+    ledger_id, payload, reason = POISONED[poison]
+    bad, good = make_delivery(ledger_id, payload=payload), make_delivery("good-1")
+
+    # record_new records the rest of the batch and leaves the poisoned one to record_delivery
+    keys = store.record_new([(good, "invoke"), (bad, "invoke")], instance="blue", deadline=clock.now + 60)
+    assert keys == [ledger_key_for(good), None] and store.ops["write"] == 1
+
+    # which refuses it with the reason, before any write
+    with pytest.raises(UnrecordableDeliveryError) as refused:
+        store.record_delivery(bad, instance="blue", deadline=0, dispatch_mode="invoke")
+    assert reason in refused.value.reason and refused.value.job_id == f"job-{ledger_id}"
+    assert "delivery-token-s3cr3t" not in str(refused.value) and "bad\ud800" not in str(refused.value)
+    assert store.ops["write"] == 1
+    assert store.count_in_flight("pipelogiq", "blue") == 1
 
 
 def test_record_new_leaves_a_delivery_too_large_to_record_delivery(store: StateStore, make_delivery: Any,

@@ -150,6 +150,18 @@ def test_non_utf8_bytes_are_bad_input() -> None:
     assert result.outcome is not None and result.outcome.kind is OutcomeKind.BAD_INPUT
 
 
+@pytest.mark.parametrize("options", [{}, {"input_model": Order}], ids=["no model", "a model"])
+def test_a_string_payload_nested_past_the_json_decoder_is_bad_input(options: dict[str, Any]) -> None:
+    # A Pipelogiq stage input is a string: JSON nested 100,000 deep is not a crash of the run
+    handler = Recorder()
+    result = run(handler, "[" * 100_000 + "]" * 100_000, spec_options=options)
+
+    assert result.outcome is not None and result.outcome.kind is OutcomeKind.BAD_INPUT, result.outcome
+    message = result.outcome.message or ""
+    assert result.outcome.error_code == "VALIDATION_ERROR" and ("too deep" in message or "recursion" in message)
+    assert handler.job is None
+
+
 # -- what the job carries -------------------------------------------------------------
 
 def test_the_job_carries_ids_budget_checkpoint_token_and_progress() -> None:

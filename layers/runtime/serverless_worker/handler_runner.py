@@ -153,6 +153,8 @@ def decode_payload(spec: HandlerSpec, delivery: Delivery) -> Any:
                 return json.loads(payload)
             except ValueError:
                 return payload
+            except RecursionError:  # valid JSON nested past the decoder's limit: unusable as input
+                raise BadInputError("payload is JSON nested too deep to decode") from None
         return payload
     try:
         if isinstance(payload, str):

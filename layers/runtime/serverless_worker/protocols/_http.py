@@ -82,12 +82,16 @@ class HttpResponse:
     endpoint: str
 
     def json(self) -> Any:
-        """Decode the body as JSON or raise ProtocolViolationError (never a bare ValueError)."""
+        """Decode the body as JSON or raise ProtocolViolationError (never a bare ValueError,
+        nor the RecursionError of an answer nested deeper than the decoder goes)."""
         try:
             return json.loads(self.body)
         except ValueError as err:
             raise ProtocolViolationError("response body is not JSON", endpoint=self.endpoint,
                                          status=self.status) from err
+        except RecursionError:
+            raise ProtocolViolationError("response body nests too deep to decode", endpoint=self.endpoint,
+                                         status=self.status) from None
 
     def json_or_none(self) -> Any:
         return self.json() if self.body.strip() else None

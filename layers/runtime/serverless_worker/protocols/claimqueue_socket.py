@@ -190,9 +190,10 @@ class ClaimQueueSocket:
                                              endpoint=endpoint, ambiguous=True) from err
             try:
                 data = json.loads(raw)
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:
                 self._drop()
-                raise ProtocolViolationError("work socket message is not JSON", endpoint=endpoint) from err
+                raise ProtocolViolationError("work socket message is not JSON (or nests too deep)",
+                                             endpoint=endpoint) from err
             kind = data.get("type") if isinstance(data, dict) else None
             if kind not in _KNOWN_TYPES:
                 log.debug("ignoring work socket message of unknown type on %s", endpoint)
@@ -224,7 +225,7 @@ class ClaimQueueSocket:
             response = err.response
             try:
                 body = json.loads(response.body or b"")
-            except ValueError:
+            except (ValueError, RecursionError):
                 body = None
             raise_for_answer(response.status_code, body, endpoint=endpoint, secrets=(token,))
             raise ProtocolViolationError("work socket handshake refused", endpoint=endpoint,

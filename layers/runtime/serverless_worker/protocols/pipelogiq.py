@@ -399,7 +399,7 @@ class PipelogiqClient(HttpProtocolClient):
         if isinstance(payload, str | bytes):
             try:
                 payload = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):
                 payload = None
         if not isinstance(payload, dict):
             return _Unaddressable(token, message_id, "no stage payload (a JSON object)",

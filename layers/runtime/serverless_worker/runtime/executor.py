@@ -27,7 +27,7 @@ from ..protocols.base import Delivery, Lease
 from ..state.errors import ItemTooLargeError, StaleWriteError
 from .context import LambdaContextLike
 from .fit import never_fits, report_unfit
-from .lease import LeaseKeeper, time_budget
+from .lease import MIN_RUN_SECONDS, LeaseKeeper, lapsed_at_grant, time_budget
 from .progress import progress_reporter
 from .services import Services
 from .settle import Settlement, acknowledge, discard, hand_back, settle
@@ -35,7 +35,7 @@ from .settle import Settlement, acknowledge, discard, hand_back, settle
 if TYPE_CHECKING:
     from ..registry import HandlerSpec
 
-__all__ = ["budget_fits", "execute", "resume", "run_claimed", "settle_refusal", "store_outcome"]
+__all__ = ["budget_fits", "execute", "resume", "run_claimed", "settle_lapsed", "settle_refusal", "store_outcome"]
 
 log = logging.getLogger("serverless_worker.executor")
 
@@ -114,6 +114,9 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
     settings = services.settings
     # Opted in where late results count: the lease lapsing does not end the run (docs/timeouts.md).
     bounding = None if spec.run_past_lease and services.protocol.late_results else lease
+    lapsed = lapsed_at_grant(bounding, services.clock()) if bounding is not None else None
+    if lapsed is not None:
+        return settle_lapsed(services, ledger_key, delivery, lapsed)
     budget = time_budget(remaining_lambda=remaining(), report_margin=settings.report_margin_seconds,
                          handler_timeout=spec.timeout, job_timeout=delivery.timeout_seconds, lease=bounding,
                          now=services.clock())
@@ -136,7 +139,16 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
 def budget_fits(budget: float, handler_timeout: float | None) -> bool:
     """Whether a run of ``budget`` seconds may start: at least a second, and not less than
     the handler's declared timeout (a shorter run is handed back rather than cut short)."""
-    return not (budget < 1.0 or (handler_timeout is not None and budget < handler_timeout))
+    return not (budget < MIN_RUN_SECONDS or (handler_timeout is not None and budget < handler_timeout))
+
+
+def settle_lapsed(services: Services, ledger_key: str, delivery: Delivery, why: str) -> Settlement:
+    """A lease granted already over (``lease.lapsed_at_grant``): never run under it. Settled as a
+    lost lease: discarded, so the server's recovery (Pipelogiq) or the lease's lapse (the claim
+    queue) offers the job again; this one delivery only, never the worker's configuration."""
+    log.warning("job %s not run: %s", delivery.job_id, why)
+    services.events.add("job.lease_lapsed", f"job {delivery.job_id}: {why}", level="WARN", job_id=delivery.job_id)
+    return discard(services, ledger_key, delivery, f"not run: {why}")
 
 
 def store_outcome(services: Services, ledger_key: str, epoch: str, outcome: Outcome, *,

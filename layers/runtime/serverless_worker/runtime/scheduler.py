@@ -6,7 +6,8 @@ up to the poll window; without work it stays as long as its liveness mode says
 (``runtime/polling.py``). Deliveries are recorded and dispatched on a thread pool while
 the next pull runs (on the local SQLite file, a pulled batch is recorded at once, in one
 transaction), each one recorded before it is dispatched, and counted in flight from the
-moment it is pulled, so capacity never overshoots.
+moment it is pulled, so capacity never overshoots. A delivery the ledger cannot hold is
+settled on its own (``runtime/poison.py``); the rest of its batch goes on.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from ..errors import (
     UnknownHandlerError,
 )
 from ..protocols.base import Delivery, PullRequest, WorkerStatus
+from ..state.errors import UnrecordableDeliveryError
 from .context import LambdaContextLike
 from .dispatch import DispatchError
+from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, idle_window
 from .reaper import reap
 from .services import Services
@@ -68,6 +71,8 @@ class TickReport:
     heartbeats: int = 0
     reaped: int = 0
     full_waits: int = 0
+    unrecordable: int = 0  # deliveries the ledger cannot hold, settled on their own (runtime/poison.py)
+    unsettled: list[str] = field(default_factory=list)  # "job <id>: why" of those left without an outcome
     stopped: str | None = None
     duration: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -388,12 +393,12 @@ class Scheduler:
 
         Where the store writes a batch for less (the local SQLite file), the new ones of a
         batch are recorded here in one transaction and dispatched at once; what it leaves
-        (an item exists, or too large) goes to the pool one at a time. Otherwise, and for a
+        (an item exists, or it cannot be recorded) goes to the pool one at a time. Otherwise, and for a
         lone delivery, each goes to the pool, recorded beside the next pull (one DynamoDB
         request each). ``asked`` is when the pull was sent (see ``_record_and_dispatch``).
         """
         store = self.services.store
-        record_and_dispatch = functools.partial(self._record_and_dispatch, asked=asked)
+        record_and_dispatch = functools.partial(self._record_and_dispatch, asked=asked, report=report)
         if len(deliveries) < 2 or not store.records_in_batches:
             return pending.submit(record_and_dispatch, deliveries, report)
         deadline = self._dispatch_deadline()
@@ -414,7 +419,7 @@ class Scheduler:
         """When a delivery recorded now counts as stranded if no executor has claimed it."""
         return self.services.clock() + self.services.settings.dispatch_timeout_seconds
 
-    def _record_and_dispatch(self, delivery: Delivery, *, asked: float) -> str:
+    def _record_and_dispatch(self, delivery: Delivery, report: TickReport, *, asked: float) -> str:
         services = self.services
         deadline = self._dispatch_deadline()
         mode = self._mode(delivery)
@@ -423,9 +428,18 @@ class Scheduler:
         # One settled before this pull was sent is new work where only a reset server reuses
         # ids; one settled since may have been handed out before our outcome landed.
         settled_before = asked if services.protocol.settled_id_returns_as_new else None
-        key = services.store.record_delivery(
-            delivery, instance=services.instance, deadline=deadline, dispatch_mode=mode,
-            again_after_hand_back=True, settled_before=settled_before)
+        try:
+            key = services.store.record_delivery(
+                delivery, instance=services.instance, deadline=deadline, dispatch_mode=mode,
+                again_after_hand_back=True, settled_before=settled_before)
+        except UnrecordableDeliveryError as err:
+            # This delivery alone: its outcome is settled here, and the rest of its batch runs.
+            result, why = settle_unrecordable(services, delivery, err)
+            with self._report_lock:
+                report.unrecordable += 1
+                if result == UNSETTLED:
+                    report.unsettled.append(f"job {delivery.job_id!a}: {why}")
+            return result
         if key is None:
             # The ledger already has this execution: a duplicate delivery. Settle it unrun.
             try:

@@ -44,6 +44,10 @@ class DeliveryWatcher(Protocol):
     def settled(self, delivery: Delivery, how: str) -> None:
         """It settled: ``done``, ``failed`` (a result reported), ``handed_back`` or ``discarded``."""
 
+    def unsettled(self, job_id: str, reason: str) -> None:
+        """The delivery of ``job_id`` could not be recorded nor given an outcome
+        (``runtime/poison.py``): left to the server's timeout, never to be settled by this run."""
+
 
 @dataclass
 class Services:

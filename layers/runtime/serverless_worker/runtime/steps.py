@@ -48,8 +48,8 @@ from ..state.errors import StaleWriteError, StateStoreError
 from ..state.items import LedgerItem, LedgerStatus
 from .context import LambdaContextLike
 from .dispatch import DispatchError
-from .executor import settle_refusal
-from .lease import time_budget
+from .executor import settle_lapsed, settle_refusal
+from .lease import lapsed_at_grant, time_budget
 from .progress import progress_reporter
 from .services import Services
 from .settle import acknowledge, count_settled, discard, hand_back, handback_epoch, report, settle
@@ -156,6 +156,11 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
         if _store(services, key, epoch, outcome):
             settle(services, key, delivery, outcome)
         return _done(reason="unknown handler", epoch=epoch)
+    lapsed = None if handover or (spec.run_past_lease and services.protocol.late_results) \
+        else lapsed_at_grant(lease, services.clock())
+    if lapsed is not None:
+        settle_lapsed(services, key, delivery, lapsed)
+        return _done(reason="lease lapsed", epoch=epoch)
     renew_seconds = float(settings.lease_renew_seconds)
     if lease.expires_at is not None and lease.renewable:
         renew_seconds = min(renew_seconds, (lease.expires_at - now) / 2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import logging
 import random
 import socket
@@ -45,6 +46,7 @@ __all__ = [
     "SandboxServer",
     "DroppedResponse",
     "json_error",
+    "lenient_json",
 ]
 
 FaultKind = Literal[
@@ -59,11 +61,16 @@ FaultKind = Literal[
     "corrupt_delivery",    # one delivery's ``field`` replaced by ``value`` (removed when null); see corrupt()
     "echo_request",        # answer `status` with an error text echoing the request (headers, query,
                            # body) and carrying control characters: ESC, CR LF, NUL, C1 CSI
+    "deep_answer",         # apply the effect, then answer 200 with JSON nested DEEP_ANSWER_LEVELS deep
+    "expired_lease",       # grant a lease already past its expiry (protocol-specific)
 ]
 
 # What an "echo_request" error text ends with: a terminal escape, a forged log line, a NUL
 # and a C1 control, none of which may reach a worker's log or state raw.
 ECHO_CONTROLS = "\x1b[2J\r\nX-Injected: yes\x00\x9b31m"
+
+# How deep a ``deep_answer`` nests: far past any JSON decoder's recursion limit.
+DEEP_ANSWER_LEVELS = 100_000
 
 
 # A header value a test may choose freely: printable ASCII, so it can be sent as-is.
@@ -143,6 +150,16 @@ class FaultInjector:
             self.log.append({"at": time.time(), "kind": kind, "endpoint": endpoint})
             return rule
         return None
+
+
+def lenient_json(content: Any, status_code: int = 200) -> Response:
+    """JSON as a server with UTF-16 strings sends it: a lone surrogate (a job key seeded as
+    ``"\\ud800"``) goes out as its ``\\u`` escape, where UTF-8 text has no form for it."""
+    try:
+        return JSONResponse(content, status_code=status_code)
+    except UnicodeEncodeError:
+        return Response(json.dumps(content, separators=(",", ":")).encode("ascii"), status_code=status_code,
+                        media_type="application/json")
 
 
 class _ResponseDropped(Exception):
@@ -266,6 +283,8 @@ class Sandbox(ABC):
                 return DroppedResponse()
             if self.faults.fire("drop_response", label):
                 return DroppedResponse()
+            if self.faults.fire("deep_answer", label):
+                return Response(b"[" * DEEP_ANSWER_LEVELS + b"]" * DEEP_ANSWER_LEVELS, media_type="application/json")
             return response
 
         return wrapped
@@ -274,12 +293,12 @@ class Sandbox(ABC):
         async def admin_seed(request: Request) -> Response:
             try:
                 body = await request.json()
-                return JSONResponse({"created": self.seed(body)}, status_code=201)
+                return lenient_json({"created": self.seed(body)}, status_code=201)
             except (ValueError, ValidationError) as err:
                 return json_error(400, f"bad seed: {err}")
 
         async def admin_jobs(request: Request) -> Response:
-            return JSONResponse({"jobs": self.jobs()})
+            return lenient_json({"jobs": self.jobs()})
 
         async def admin_faults(request: Request) -> Response:
             if request.method == "DELETE":

@@ -30,6 +30,8 @@ Choices where the document is silent:
   on both transports.
 - ``duplicate_delivery`` on ``claim`` hands out an item already leased to someone, as
   is (same attempt, same lease), when one matches the criteria.
+- ``expired_lease`` on ``claim`` grants the lease already past (``until`` a second ago);
+  the item lapses back to pending at the next sweep, as any lapsed lease does.
 """
 
 from __future__ import annotations
@@ -401,6 +403,8 @@ class ClaimQueueSandbox(Sandbox):
                 item.attempts += 1
                 item.lease_worker = worker
                 item.lease_until = time.time() + self._lease_seconds(queue)
+                if self.faults.fire("expired_lease", "claim"):
+                    item.lease_until = time.time() - 1.0  # granted already past: lapses at the next sweep
                 item.lease_socket = socket
                 item.record("claim", worker=worker, via=via, attempt=item.attempts, lease=item.lease())
                 rule = self.faults.fire("corrupt_delivery", "claim")

@@ -25,6 +25,8 @@ Choices where the document is silent (also listed in the project's closing note)
 ``204`` at once; deliveries are ``{token, queue, messageId, payload, headers}`` whose
 payload has no ``executionId`` or ``attempt``; there is no lease or result endpoint
 (``404``); ack ``{token, requeue}`` answers ``200 {"status":"ok"}`` or ``404`` as before.
+- The ``expired_lease`` fault on ``lease.acquire`` grants the lease already past
+  (``leaseExpiresAt`` a second ago); lease recovery then takes it as any expired lease.
 """
 
 from __future__ import annotations
@@ -600,6 +602,9 @@ class PipelogiqSandbox(Sandbox):
         execution = stage.execution(execution_id)
         assert execution is not None
         execution.lease = _Lease(worker.worker_id, now + self.config.lease_seconds)
+        if op == "acquire" and self.faults.fire("expired_lease", "lease.acquire"):
+            # Granted already past: the sweep's lease recovery takes it as any expired lease.
+            execution.lease = _Lease(worker.worker_id, now - 1.0)
         execution.ever_leased = True
         execution.status = "running"
         stage.status = "Running"

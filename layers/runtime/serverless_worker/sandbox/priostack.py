@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ._server import DroppedResponse, Sandbox, corrupt, json_error
+from ._server import DroppedResponse, Sandbox, corrupt, json_error, lenient_json
 from ._validation import validate_body
 
 __all__ = ["PriostackSandbox", "PriostackSandboxConfig", "SeedBody", "SeedJob"]
@@ -291,7 +291,7 @@ class PriostackSandbox(Sandbox):
             if held and self.faults.fire("duplicate_delivery", "activate"):
                 held[0].activations.append({"at": now, "duplicate": True})
                 handed.append(held[0])
-        return JSONResponse({"jobs": [self._wire(job, now) for job in handed]})
+        return lenient_json({"jobs": [self._wire(job, now) for job in handed]})
 
     async def _complete(self, request: Request) -> Response:
         body = await self._body(request, empty_ok=True)
@@ -422,7 +422,7 @@ class PriostackSandbox(Sandbox):
         return job
 
     def _create_job(self, instance: _Instance, job_type: str,
-                    overrides: dict[str, Any] | None = None, key: str | None = None) -> _Job:
+                    overrides: dict[str, Any] | None = None, *, key: str | None = None) -> _Job:
         if key is not None and key in self._jobs:
             raise ValueError(f"job key {key!r} is taken")
         job = _Job(key=key or self._new_key(), type=job_type, instance=instance, retries=instance.retries,

@@ -9,7 +9,7 @@ backends are :class:`DynamoStateStore` (Lambda: one DynamoDB table, item design 
 from __future__ import annotations
 
 from .contract import StateStore
-from .errors import InvalidKeyError, ItemTooLargeError, StaleWriteError, StateStoreError
+from .errors import InvalidKeyError, ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
 from .items import FINAL_STATUSES, IN_FLIGHT_STATUSES, DispatchMode, LedgerItem, LedgerStatus
 from .keys import IN_FLIGHT_INDEX, ledger_key, ledger_key_for, parse_ledger_key
 from .rules import EXPIRED_RETENTION_SECONDS, FINAL_RETENTION_SECONDS
@@ -31,6 +31,7 @@ __all__ = [
     "StaleWriteError",
     "StateStore",
     "StateStoreError",
+    "UnrecordableDeliveryError",
     "ledger_key",
     "ledger_key_for",
     "parse_ledger_key",

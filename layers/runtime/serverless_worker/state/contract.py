@@ -53,7 +53,9 @@ class StateStore(Protocol):
         the server answered "not found", keeping its stored outcome to re-report);
         ``settled_before`` (when the pull was sent) an acknowledged or discarded item last
         written before then, for a protocol whose ids come back after settling only from a
-        server that forgot them. An item in flight is always a duplicate."""
+        server that forgot them. An item in flight is always a duplicate. A delivery no item
+        can ever hold (content or id, ``items.recordable``; past the item limit) raises
+        ``UnrecordableDeliveryError`` and nothing is written."""
         ...
 
     records_in_batches: bool
@@ -63,8 +65,9 @@ class StateStore(Protocol):
     def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
                    deadline: float) -> list[str | None]:
         """Record each delivery that has no ledger item yet, as ``record_delivery`` would;
-        its key, or ``None`` where an item exists or the delivery is too large, for
-        ``record_delivery`` to decide (duplicate, redelivery, hand-back) or refuse."""
+        its key, or ``None`` where an item exists or the delivery cannot be recorded, for
+        ``record_delivery`` to decide (duplicate, redelivery, hand-back) or refuse. Never
+        raises for one delivery of the batch."""
         ...
 
     def mark_dispatched(self, key: str) -> bool: ...

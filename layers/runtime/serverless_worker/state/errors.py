@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..errors import PayloadTooLargeError, ServerlessWorkerError
 
-__all__ = ["InvalidKeyError", "ItemTooLargeError", "StaleWriteError", "StateStoreError"]
+__all__ = ["DeliveryTooLargeError", "InvalidKeyError", "ItemTooLargeError", "StaleWriteError", "StateStoreError",
+           "UnrecordableDeliveryError", "UnrecordableKeyError"]
 
 
 class StateStoreError(ServerlessWorkerError):
@@ -44,3 +45,41 @@ class ItemTooLargeError(StateStoreError, PayloadTooLargeError):
         self.key, self.what, self.size, self.limit = key, what, size, limit
         ServerlessWorkerError.__init__(
             self, f"{key}: {what} ({size} bytes written) does not fit DynamoDB's item limit of {limit} bytes")
+
+
+
+class UnrecordableDeliveryError(StateStoreError, ValueError):
+    """This one delivery cannot be put in the ledger, whatever is retried: its content nests
+    deeper than it can be serialised or is not valid Unicode, its id cannot be part of a key
+    (:class:`UnrecordableKeyError`), or it makes an item past the limit
+    (:class:`DeliveryTooLargeError`). Nothing was written. The caller settles it without a
+    ledger item (``runtime/poison.py``); the other deliveries of its batch are not affected.
+
+    ``reason`` says which, in words fit for the job server's error field (never the content)."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        self.job_id, self.reason = job_id, reason
+        ServerlessWorkerError.__init__(self, f"job {_short(job_id)} cannot be recorded: {reason}")
+
+
+class UnrecordableKeyError(UnrecordableDeliveryError, InvalidKeyError):
+    """The delivery's id cannot be part of a ledger key (``state/keys.py`` says why)."""
+
+    def __init__(self, job_id: str, err: InvalidKeyError) -> None:
+        self.job_id, self.reason = job_id, f"its id cannot be stored: {err}"
+        ServerlessWorkerError.__init__(self, str(err))
+
+
+class DeliveryTooLargeError(UnrecordableDeliveryError, ItemTooLargeError):
+    """The delivery alone makes its ledger item past the limit: no write of it can go through."""
+
+    def __init__(self, job_id: str, err: ItemTooLargeError) -> None:
+        self.job_id = job_id
+        self.key, self.what, self.size, self.limit = err.key, err.what, err.size, err.limit
+        self.reason = (f"it makes a ledger item of at least {err.size} bytes, over the state store's "
+                       f"item limit of {err.limit} bytes")
+        ServerlessWorkerError.__init__(self, str(err))
+
+
+def _short(value: str) -> str:
+    return ascii(value if len(value) <= 40 else value[:40] + "...")

@@ -26,7 +26,8 @@ from pydantic import BaseModel
 
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt
-from .keys import DEADLINE, PK, SCOPE, SK, scope_of, sort_key_for
+from .errors import InvalidKeyError, UnrecordableDeliveryError, UnrecordableKeyError
+from .keys import DEADLINE, PK, SCOPE, SK, ledger_key_for, scope_of, sort_key_for
 
 __all__ = [
     "attributes_size",
@@ -37,6 +38,8 @@ __all__ = [
     "LedgerStatus",
     "compact_model",
     "delivery_record",
+    "encoded_document",
+    "recordable",
     "dumps",
     "from_item",
     "item_size",
@@ -86,6 +89,37 @@ def recorded_attributes(key: str, delivery: Delivery, *, packed_delivery: Any, i
     }
 
 
+def recordable(delivery: Delivery) -> tuple[str, dict[str, Any]]:
+    """The delivery's ledger key and its record (``Delivery.to_record``), each made once here
+    for the write that follows; :class:`UnrecordableDeliveryError` when either cannot be made.
+
+    Checked per delivery before any write, so one poisoned delivery (a payload nested past
+    pydantic's serialisation depth of 254, an id that is not valid Unicode or too long for a
+    key) is settled on its own and never fails the batch it came in."""
+    try:
+        key = ledger_key_for(delivery)
+    except InvalidKeyError as err:
+        raise UnrecordableKeyError(delivery.job_id, err) from None
+    try:
+        record = delivery.to_record()
+    except RecursionError:
+        raise UnrecordableDeliveryError(delivery.job_id, "its content nests too deep to serialise") from None
+    except ValueError as err:
+        # pydantic's "Maximum serialization depth exceeded"; its other errors name only types.
+        why = "nests too deep to serialise" if "depth" in str(err) else f"cannot be serialised ({type(err).__name__})"
+        raise UnrecordableDeliveryError(delivery.job_id, f"its content {why}") from None
+    return key, record
+
+
+def encoded_document(job_id: str, text: str) -> bytes:
+    """``text`` as UTF-8, the form every backend stores; a lone surrogate (valid in a Python
+    string decoded from JSON's ``\\ud800``, in no stored form) makes the delivery unrecordable."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnrecordableDeliveryError(job_id, "its content is not valid Unicode (a lone surrogate)") from None
+
+
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
@@ -100,10 +134,10 @@ def compact_model(model: BaseModel) -> str:
     return dumps({name: value for name, value in model.model_dump(mode="json").items() if value is not None})
 
 
-def pack_document(document: Any) -> bytes:
+def pack_document(document: Any, *, job_id: str = "") -> bytes:
     """Compact JSON, raw-deflate compressed (no zlib header: two bytes an item need not carry)."""
     packer = zlib.compressobj(9, zlib.DEFLATED, -15)
-    return packer.compress(dumps(document).encode("utf-8")) + packer.flush()
+    return packer.compress(encoded_document(job_id, dumps(document))) + packer.flush()
 
 
 def delivery_record(attrs: dict[str, Any]) -> Any:

@@ -37,7 +37,13 @@ from typing import Any, TypeVar
 from ..logsafety import server_text
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
+from .errors import (
+    DeliveryTooLargeError,
+    ItemTooLargeError,
+    StaleWriteError,
+    StateStoreError,
+    UnrecordableDeliveryError,
+)
 from .group_commit import GroupCommit
 from .items import (
     DispatchMode,
@@ -47,6 +53,8 @@ from .items import (
     attributes_size_bound,
     compact_model,
     dumps,
+    encoded_document,
+    recordable,
     recorded_attributes,
 )
 from .keys import (
@@ -58,7 +66,6 @@ from .keys import (
     TTL,
     control_key,
     counters_key,
-    ledger_key_for,
     lock_key,
     parse_ledger_key,
     scope_of,
@@ -503,9 +510,8 @@ class SqliteStateStore:
     def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
                         dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
                         settled_before: float | None = None) -> str | None:
-        key = ledger_key_for(delivery)
         now = self._clock()
-        item = _recorded_item(key, delivery, instance, deadline, dispatch_mode, now)
+        key, item = _recorded_item(delivery, instance, deadline, dispatch_mode, now)
         # A settled item past its ttl counts as gone (the sweep deletes late).
         condition = f"{_attr(TTL)} < :now"
         if again_after_hand_back:
@@ -518,8 +524,11 @@ class SqliteStateStore:
             # Or settled before the pull was sent: a server that forgot it (reset) handed out new work.
             condition += (f" OR ({_status_in([LedgerStatus.ACKNOWLEDGED, LedgerStatus.DISCARDED])}"
                           f" AND {_attr('updated_at')} < :settled_before)")
-        written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                 handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
+        try:
+            written, old = self._put(key, item, condition, what="the delivery", now=now,
+                                     handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
+        except ItemTooLargeError as err:
+            raise DeliveryTooLargeError(delivery.job_id, err) from None
         if not written:
             # While in flight, note the redelivery (a "not found" report must then be sent again).
             if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),
@@ -549,12 +558,11 @@ class SqliteStateStore:
         now = self._clock()
         rows: list[tuple[int, str, str]] = []
         for index, (delivery, mode) in enumerate(deliveries):
-            key = ledger_key_for(delivery)
-            item = _recorded_item(key, delivery, instance, deadline, mode, now)
-            text = dumps(item)
             try:
+                key, item = _recorded_item(delivery, instance, deadline, mode, now)
+                text = dumps(item)
                 self._check_size(key, "the delivery", item, text)
-            except ItemTooLargeError:
+            except (ItemTooLargeError, UnrecordableDeliveryError):
                 continue
             rows.append((index, key, text))
         keys: list[str | None] = [None] * len(deliveries)
@@ -817,13 +825,17 @@ class SqliteStateStore:
         return self._transition(key, patch, condition, wait=wait, **values)
 
 
-def _recorded_item(key: str, delivery: Delivery, instance: str, deadline: float,
-                   dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
-    """A delivery's new ledger item, as ``record_delivery`` and ``record_new`` write it
-    (an attribute that is ``None`` is left out, as ``_put`` leaves it)."""
-    item = recorded_attributes(key, delivery, packed_delivery=dumps(delivery.to_record()), instance=instance,
+def _recorded_item(delivery: Delivery, instance: str, deadline: float,
+                   dispatch_mode: DispatchMode | str, now: float) -> tuple[str, dict[str, Any]]:
+    """A delivery's key and new ledger item, as ``record_delivery`` and ``record_new`` write it
+    (an attribute that is ``None`` is left out, as ``_put`` leaves it); UnrecordableDeliveryError
+    when it has none (``items.recordable``)."""
+    key, record = recordable(delivery)
+    packed = dumps(record)
+    encoded_document(delivery.job_id, packed)  # SQLite stores UTF-8: a lone surrogate fails the whole batch
+    item = recorded_attributes(key, delivery, packed_delivery=packed, instance=instance,
                                deadline=deadline, dispatch_mode=dispatch_mode, now=now)
-    return {name: value for name, value in item.items() if value is not None}
+    return key, {name: value for name, value in item.items() if value is not None}
 
 
 def _json_growth_bound(written: dict[str, Any]) -> int:

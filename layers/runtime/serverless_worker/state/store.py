@@ -94,7 +94,13 @@ from ..errors import ConfigurationError
 from ..logsafety import server_text
 from ..outcome import Outcome
 from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import ItemTooLargeError, StaleWriteError, StateStoreError
+from .errors import (
+    DeliveryTooLargeError,
+    ItemTooLargeError,
+    StaleWriteError,
+    StateStoreError,
+    UnrecordableDeliveryError,
+)
 from .items import (
     DispatchMode,
     LedgerItem,
@@ -104,6 +110,7 @@ from .items import (
     from_item,
     item_size,
     pack_document,
+    recordable,
     recorded_attributes,
     to_attribute,
     to_item,
@@ -118,7 +125,6 @@ from .keys import (
     TTL,
     control_key,
     counters_key,
-    ledger_key_for,
     lock_key,
     parse_ledger_key,
     scope_of,
@@ -275,9 +281,8 @@ class DynamoStateStore:
         (``WorkerProtocol.settled_id_returns_as_new``). An item that settled after the pull
         was sent may have been handed out before our outcome landed: a duplicate.
         """
-        key = ledger_key_for(delivery)
         now = self._clock()
-        item = self._recorded_item(key, delivery, instance, deadline, dispatch_mode, now)
+        key, item = self._recorded_item(delivery, instance, deadline, dispatch_mode, now)
         # A new execution; or one whose settled item outlived its ttl (TTL deletes late: it counts as gone).
         condition = "attribute_not_exists(#pk) OR #ttl < :now"
         if again_after_hand_back:
@@ -296,7 +301,10 @@ class DynamoStateStore:
         values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value, "settled_before": settled_before,
                   "acknowledged": LedgerStatus.ACKNOWLEDGED.value, "discarded": LedgerStatus.DISCARDED.value,
                   "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX, "yes": True}
-        response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+        try:
+            response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
+        except ItemTooLargeError as err:
+            raise DeliveryTooLargeError(delivery.job_id, err) from None
         if response is None:
             log.info("duplicate delivery %s: already in the ledger", key)
             # While in flight, note it: a report the server then answers "not found" (a Priostack
@@ -319,21 +327,22 @@ class DynamoStateStore:
         now = self._clock()
         keys: list[str | None] = []
         for delivery, mode in deliveries:
-            key = ledger_key_for(delivery)
-            item = self._recorded_item(key, delivery, instance, deadline, mode, now)
             try:
+                key, item = self._recorded_item(delivery, instance, deadline, mode, now)
                 written = self._put(key, item, "attribute_not_exists(#pk)", {}, what="the delivery")
-            except ItemTooLargeError:
+            except (ItemTooLargeError, UnrecordableDeliveryError):
                 written = None  # record_delivery raises it where the caller handles it
             keys.append(key if written is not None else None)
         return keys
 
     @staticmethod
-    def _recorded_item(key: str, delivery: Delivery, instance: str, deadline: float,
-                       dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
-        return to_item(recorded_attributes(key, delivery, packed_delivery=pack_document(delivery.to_record()),
-                                           instance=instance, deadline=deadline, dispatch_mode=dispatch_mode,
-                                           now=now))
+    def _recorded_item(delivery: Delivery, instance: str, deadline: float,
+                       dispatch_mode: DispatchMode | str, now: float) -> tuple[str, dict[str, Any]]:
+        """The key and new item of ``delivery``; UnrecordableDeliveryError when it has none."""
+        key, record = recordable(delivery)
+        packed = pack_document(record, job_id=delivery.job_id)
+        return key, to_item(recorded_attributes(key, delivery, packed_delivery=packed, instance=instance,
+                                                deadline=deadline, dispatch_mode=dispatch_mode, now=now))
 
     def _carry_forgotten_outcome(self, key: str, old: dict[str, Any]) -> None:
         """A job the server forgot comes back with our outcome already stored: keep it, so the
