@@ -1,6 +1,8 @@
 """The plain-HTTP rule covers the proxy hop too (protocols/_proxy.py, docs/settings.md):
-a loopback server is never reached through a proxy, and a plain-text proxy off loopback is
-refused unless ``allow_insecure_http``. The proxies here are recording servers on loopback;
+a loopback server is never reached through a proxy, and no secret crosses a plain-text hop
+to a proxy off loopback (its own credentials, or an http:// server's key) unless
+``allow_insecure_http``; an https:// server is tunnelled, so a plain proxy without
+credentials is fine. The proxies here are recording servers on loopback;
 the remote job servers (``*.example.test``, which never resolves) are never contacted."""
 
 from __future__ import annotations
@@ -119,9 +121,10 @@ def test_every_loopback_spelling_bypasses_the_proxy(host: str, proxy: _Recording
         transport.close()
 
 
-@pytest.mark.parametrize("proxy_url", ["http://user:pw-91c2@proxy.example.test:3128", "proxy.example.test:3128",
-                                       "socks5h://proxy.example.test:1080"])
-def test_a_plain_text_proxy_off_loopback_is_refused_without_the_opt_in(
+@pytest.mark.parametrize("proxy_url", ["http://user:pw-91c2@proxy.example.test:3128",
+                                       "user:pw-91c2@proxy.example.test:3128",
+                                       "socks5h://user:pw-91c2@proxy.example.test:1080"])
+def test_a_plain_text_proxy_with_credentials_off_loopback_is_refused_without_the_opt_in(
         proxy_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # (an http:// server off loopback is refused by the same rule before any proxy is read)
     monkeypatch.setenv("HTTPS_PROXY", proxy_url)
@@ -137,6 +140,30 @@ def test_the_opt_in_allows_a_plain_text_proxy(proxy_url: str, monkeypatch: pytes
     transport = HttpTransport("https://jobs.example.test", allow_insecure_http=True)
     try:
         assert transport.proxy == proxy_url
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize("proxy_url", ["http://proxy.example.test:3128", "proxy.example.test:3128",
+                                       "socks5h://proxy.example.test:1080"])
+def test_a_plain_text_proxy_without_credentials_tunnels_an_https_server_without_the_opt_in(
+        proxy_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the usual corporate proxy: CONNECT keeps the key inside TLS, and the proxy has no secret
+    monkeypatch.setenv("HTTPS_PROXY", proxy_url)
+    transport = HttpTransport("https://jobs.example.test")
+    try:
+        assert transport.proxy == proxy_url
+    finally:
+        transport.close()
+
+
+def test_a_plain_http_server_through_a_plain_text_proxy_needs_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example.test:3128")
+    with pytest.raises(ConfigurationError):
+        HttpTransport("http://jobs.example.test")
+    transport = HttpTransport("http://jobs.example.test", allow_insecure_http=True)
+    try:
+        assert transport.proxy == "http://proxy.example.test:3128"
     finally:
         transport.close()
 

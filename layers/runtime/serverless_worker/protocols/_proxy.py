@@ -7,13 +7,14 @@ read by ``_http._environment_settings``). Two rules are laid on top of it:
   request would leave the machine (the proxy's) only to come back, and for an ``http://``
   sandbox every request, credential included, would cross the proxy hop in clear.
 - A proxy spoken to in plain text (``http://``, ``socks*://`` or no scheme, which libcurl
-  reads as ``http://``) on a host other than loopback is refused unless
-  ``allow_insecure_http`` is set: what crosses that hop is readable by anyone on the
-  path. For an ``http://`` server that is every request, the credential included; for an
-  ``https://`` server, libcurl tunnels (``CONNECT``), so the key stays inside TLS and only
-  the server's host name and the proxy's own credentials (``user:password@``) go in clear.
-  The opt-in is the one that allows plain ``http://`` to a server; without it, use an
-  ``https://`` proxy, a proxy on loopback, or ``NO_PROXY`` (docs/settings.md).
+  reads as ``http://``) on a host other than loopback must not see a secret in clear
+  unless ``allow_insecure_http`` is set. For an ``https://`` job server libcurl tunnels
+  (``CONNECT``), so the key stays inside TLS and only the server's host name crosses the
+  hop (as it does in TLS's SNI anyway): the usual corporate ``HTTPS_PROXY=http://proxy:3128``
+  is fine. What is refused is the proxy's own ``user:password@``, which would cross in
+  clear; an ``http://`` job server off loopback needs the opt-in already (settings), and
+  with it the proxy is allowed too. Without the opt-in, use an ``https://`` proxy for a
+  proxy that needs credentials, one on loopback, or ``NO_PROXY`` (docs/settings.md).
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ __all__ = ["checked_proxy"]
 
 def checked_proxy(base_url: str, proxy: str | None, *, allow_insecure_http: bool) -> str | None:
     """The proxy to use for ``base_url``: ``None`` for a loopback server, else ``proxy``
-    once it passes the plain-text rule; ConfigurationError (naming the proxy without its
-    user info) when it does not."""
+    unless a secret would cross a plain-text hop to it (see the module docstring), which
+    is a ConfigurationError naming the proxy without its user info."""
     if not proxy or is_loopback_url(base_url):
         return None
     parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-    if parts.scheme == "https" or allow_insecure_http or is_loopback_host(parts.hostname or ""):
+    tunnelled = urlsplit(base_url).scheme == "https"  # CONNECT: the key stays inside TLS
+    secret_in_clear = parts.username is not None or parts.password is not None or not tunnelled
+    if (parts.scheme == "https" or allow_insecure_http or is_loopback_host(parts.hostname or "")
+            or not secret_in_clear):
         return proxy
     try:
         port = f":{parts.port}" if parts.port else ""
@@ -41,5 +45,6 @@ def checked_proxy(base_url: str, proxy: str | None, *, allow_insecure_http: bool
         port = ""
     raise ConfigurationError(
         f"refusing the plain-text proxy {parts.scheme}://{parts.hostname or '?'}{port} from the environment "
-        f"(HTTP_PROXY, HTTPS_PROXY or ALL_PROXY) for {urlsplit(base_url).hostname}: use an https:// proxy or "
-        "one on loopback, exclude the host with NO_PROXY, or set allow_insecure_http explicitly")
+        f"(HTTP_PROXY, HTTPS_PROXY or ALL_PROXY) for {urlsplit(base_url).hostname}: its credentials would "
+        "cross to it in clear; use an https:// proxy or one on loopback, exclude the host with NO_PROXY, "
+        "or set allow_insecure_http explicitly")
