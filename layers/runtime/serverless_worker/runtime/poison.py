@@ -78,7 +78,7 @@ def _unaddressable(delivery: Delivery) -> str | None:
     try:
         delivery.job_id.encode("utf-8")
     except UnicodeEncodeError:
-        return "its id is not valid Unicode, so no request can name it"
+        return "so no request can name it"
     return None
 
 

@@ -82,12 +82,14 @@ class SeedJob(BaseModel):
     then: list[str] = Field(default_factory=list)
     api_key: str | None = None                                  # owner; default the first key
     wire_overrides: dict[str, Any] = Field(default_factory=dict)  # replace fields when activated
-    key: str | None = Field(default=None, min_length=1)  # the first job's key, e.g. "..": count must be 1
+    # The job's key (one job: count 1), e.g. ".." or a hostile lone surrogate "\ud800"; default
+    # generated. A plain str: a length constraint would make pydantic refuse the surrogate.
+    key: str | None = None
 
     @model_validator(mode="after")
     def _one_job_per_key(self) -> SeedJob:
-        if self.key is not None and (self.count != 1 or self.then):
-            raise ValueError("a seeded key names one job: count 1 and no then")
+        if self.key is not None and (self.count != 1 or self.then or not self.key):
+            raise ValueError("a seeded key names one job: non-empty, count 1 and no then")
         return self
 
 
