@@ -90,8 +90,11 @@ def test_one_delivery_without_execution_id_among_good_ones_is_never_acked_away(
     result = local("pipelogiq", server.url, tmp_path, "--until-idle", "4")
 
     # then the good ones ran and completed; the broken delivery was left unacknowledged, came
-    # back with the visibility timeout, whole this time, and was worked once
-    assert result.returncode == 0, result
+    # back with the visibility timeout, whole this time, and was worked once; the run says the
+    # server sent an answer it could not use, and so does its exit status
+    assert result.returncode == 1, result
+    said = " ".join(result.stdout.split())
+    assert "a delivery with no executionId, left to the server's own return path" in said, result.stdout
     jobs = {job["job_id"]: job for job in admin.jobs()}
     assert {jobs[job_id]["status"] for job_id in others} == {"Completed"}
     events = [h["event"] for h in jobs[first]["history"]]

@@ -35,6 +35,7 @@ class AddressTally:
         self._lock = threading.Lock()  # claims run in parallel threads
         self.addressed = 0
         self.unaddressable = 0
+        self._untaken: list[str] = []  # what each one lacked, until take_unaddressable()
 
     def note(self, addressed: int, lacks: Sequence[str]) -> str | None:
         """Record one pull's deliveries (``lacks``: what each unaddressable one lacks).
@@ -42,6 +43,14 @@ class AddressTally:
         with self._lock:
             self.addressed += addressed
             self.unaddressable += len(lacks)
+            self._untaken.extend(lacks)
             if self.addressed or not lacks:
                 return None
         return Counter(lacks).most_common(1)[0][0]
+
+    def take_unaddressable(self) -> list[str]:
+        """What each unaddressable delivery noted since the last call lacked (``no
+        executionId``), once: the runtime reports them as answers it could not use."""
+        with self._lock:
+            taken, self._untaken = self._untaken, []
+        return taken

@@ -225,6 +225,12 @@ class WorkerProtocol(ABC):
     def shutdown(self, reason: str) -> None:
         """Mark the worker stopped (Pipelogiq); a no-op elsewhere."""
 
+    def take_unaddressable(self) -> list[str]:
+        """What each delivery pulled since the last call and left without an outcome,
+        because no request could name it, lacked (``"no executionId"``): the runtime counts
+        these as answers it could not use (the local run's summary and exit status)."""
+        return []
+
     def reconcile(self, delivery: Delivery) -> dict[str, Any] | None:
         """Read back what the server holds for ``delivery`` when the effect of a settling
         call is in doubt (an acknowledgement answered "not found"); ``None`` where the

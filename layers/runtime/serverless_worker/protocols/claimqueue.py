@@ -265,6 +265,9 @@ class ClaimQueueClient(HttpProtocolClient):
     def discard(self, delivery: Delivery) -> None:
         """Nothing to do: a duplicate's lease lapses or is ended by the real result."""
 
+    def take_unaddressable(self) -> list[str]:
+        return self._tally.take_unaddressable()
+
     def hand_back(self, delivery: Delivery) -> None:
         """Return an unstarted item without reporting it.
 

@@ -549,6 +549,9 @@ class PipelogiqClient(HttpProtocolClient):
         """Drop a stale or duplicate delivery: an ack without requeue."""
         self._ack(delivery, requeue=False)
 
+    def take_unaddressable(self) -> list[str]:
+        return self._tally.take_unaddressable()
+
     def hand_back(self, delivery: Delivery) -> None:
         """Return unstarted work: ack with ``requeue:true`` while the token lives.
 

@@ -224,6 +224,9 @@ class PriostackClient(HttpProtocolClient):
             return ReportReceipt(status="completed", detail={"variables_sent": sorted(variables or {})})
         return ReportReceipt(status="failed", detail={"retries_sent": retries})
 
+    def take_unaddressable(self) -> list[str]:
+        return self._tally.take_unaddressable()
+
     def hand_back(self, delivery: Delivery) -> None:
         """Fail with ``retries`` unchanged: re-queued at once without using an attempt.
 

@@ -33,7 +33,7 @@ from ..errors import (
     ServerUnavailableError,
     UnknownHandlerError,
 )
-from ..protocols.base import Delivery, PullRequest, WorkerStatus
+from ..protocols.base import Delivery, PullRequest, WorkerProtocol, WorkerStatus
 from ..state.errors import UnrecordableDeliveryError
 from .context import LambdaContextLike
 from .dispatch import DispatchError
@@ -311,7 +311,7 @@ class Scheduler:
         with self._report_lock:  # parallel claims report from several threads
             report.pulls += 1
         try:
-            deliveries = services.call(lambda p: p.pull(request))
+            deliveries = services.call(lambda p: self._pull_noting_unaddressable(p, request, report))
         except RateLimitedError as err:
             self._sleep(min(err.retry_after or 1.0, max(0.0, left)))
             return []
@@ -348,6 +348,20 @@ class Scheduler:
             report.pulled += len(deliveries)
             self._unavailable = 0
         return deliveries
+
+    def _pull_noting_unaddressable(self, protocol: WorkerProtocol, request: PullRequest,
+                                   report: TickReport) -> list[Delivery]:
+        """``protocol.pull``, noting in ``report.unusable`` each delivery it took and left
+        to the server's own return path because no request could name it (what it lacked,
+        no id: equal causes add up), whether or not the pull then raised."""
+        try:
+            return protocol.pull(request)
+        finally:
+            lacks = protocol.take_unaddressable()
+            if lacks:
+                with self._report_lock:
+                    report.unusable.extend(f"pull: a delivery with {lack}, left to the server's own "
+                                           "return path" for lack in lacks)
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
                       handlers: int, *, hurry: bool = False) -> list[Delivery]:
