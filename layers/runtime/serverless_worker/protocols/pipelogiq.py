@@ -133,6 +133,9 @@ class PipelogiqClient(HttpProtocolClient):
     lease_renewable: ClassVar[bool] = True
     supports_events: ClassVar[bool] = True
     long_poll: ClassVar[bool] = True  # the server waits up to waitSeconds for work
+    # A server that answers an empty pull at once instead (an older release ignores
+    # waitSeconds): paced as Priostack's document paces its at-once poll, at most 5 s apart.
+    empty_poll_backoff: ClassVar[float] = 5.0
     max_events_per_batch: ClassVar[int] = 200
 
     credential_label: ClassVar[str] = "Pipelogiq API key"
@@ -398,6 +401,14 @@ class PipelogiqClient(HttpProtocolClient):
             if answer.leaseExpiresAt is None:
                 raise ProtocolViolationError(f"job {delivery.job_id}: lease granted without leaseExpiresAt",
                                              endpoint=label, status=response.status)
+            if answer.leaseExpiresAt.utcoffset() is None:
+                # RFC 3339 needs Z or an offset. Guessing one (UTC, local time) could run the
+                # handler past a lease that has already ended on the server: refuse to run.
+                raise ProtocolViolationError(
+                    f"job {delivery.job_id}: lease granted with leaseExpiresAt "
+                    f"{answer.leaseExpiresAt.isoformat()} without a time zone (RFC 3339 needs Z or "
+                    "an offset); the lease's end is unknown, so the job is not run",
+                    endpoint=label, status=response.status)
             return Lease(expires_at=answer.leaseExpiresAt.timestamp(),
                          attempt=answer.attempt if answer.attempt is not None else delivery.attempt,
                          renewable=True)

@@ -51,6 +51,11 @@ FaultKind = Literal[
     "expire_session",      # expire the worker session now (protocol-specific)
     "restart_before",      # the server restarts just before this call arrives (Sandbox.restart)
     "restart_after",       # the server applies the call, restarts, and the answer is lost
+    # An empty pull is answered at once, whatever wait it asked for: a server without a long
+    # poll (Pipelogiq answers 204 with no body, as its older release does). Priostack's
+    # activate and the claim queue's claim answer at once anyway, as their documents say.
+    "ignore_wait",
+    "naive_lease_time",    # a granted lease's leaseExpiresAt without a time zone (Pipelogiq)
 ]
 
 
