@@ -404,11 +404,11 @@ class PipelogiqClient(HttpProtocolClient):
             if answer.leaseExpiresAt.utcoffset() is None:
                 # RFC 3339 needs Z or an offset. Guessing one (UTC, local time) could run the
                 # handler past a lease that has already ended on the server: refuse to run.
+                sent = response.json().get("leaseExpiresAt")
                 raise ProtocolViolationError(
                     f"job {delivery.job_id}: lease granted with leaseExpiresAt "
-                    f"{answer.leaseExpiresAt.isoformat()} without a time zone (RFC 3339 needs Z or "
-                    "an offset); the lease's end is unknown, so the job is not run",
-                    endpoint=label, status=response.status)
+                    f"{str(sent)[:40]!r} without a time zone (RFC 3339 needs Z or an offset); the "
+                    "lease's end is unknown, so the job is not run", endpoint=label, status=response.status)
             return Lease(expires_at=answer.leaseExpiresAt.timestamp(),
                          attempt=answer.attempt if answer.attempt is not None else delivery.attempt,
                          renewable=True)
