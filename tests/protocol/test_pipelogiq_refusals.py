@@ -83,7 +83,7 @@ def test_a_lease_without_a_time_zone_is_a_protocol_violation_naming_the_value(
 
 def test_a_server_rejecting_fresh_sessions_is_rebootstrapped_at_a_doubling_pace(
         server: SandboxServer, admin: SandboxAdmin, client: PipelogiqClient, tmp_path: Path) -> None:
-    # given a server that expires every session on its next heartbeat, and a keeper on a
+    # given a server that expires every session on its first heartbeat, and a keeper on a
     # clock the test moves (jitter at the top of each step: the bare steps)
     admin.faults([{"kind": "expire_session", "endpoint": "heartbeat"}])
     now = [time.time()]
@@ -114,5 +114,12 @@ def test_a_server_rejecting_fresh_sessions_is_rebootstrapped_at_a_doubling_pace(
     # and a session rejected long after its issue is replaced at once
     now[0] = second.issued_at + 3600
     assert keeper.recovery_pause(second) == 0.0
-    assert keeper.recover(client, failed=second) is not None
-    assert admin.stats()["calls"]["bootstrap"] == 3
+    third = keeper.recover(client, failed=second)
+    assert third is not None and admin.stats()["calls"]["bootstrap"] == 3
+    # as is one the server had taken before it expired it (an expiry, not a refusal loop)
+    admin.clear_faults()
+    client.heartbeat(beat)
+    now[0] = third.issued_at + 0.1
+    assert client.session_confirmed(third) and keeper.recovery_pause(third, client) == 0.0
+    assert keeper.recover(client, failed=third) is not None
+    assert admin.stats()["calls"]["bootstrap"] == 4

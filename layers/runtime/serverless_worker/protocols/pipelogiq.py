@@ -153,6 +153,7 @@ class PipelogiqClient(HttpProtocolClient):
             raise ConfigurationError("session_ttl_seconds must be positive")
         self._session_ttl = session_ttl_seconds
         self._session: SessionState | None = None
+        self._confirmed: SessionState | None = None  # the last session a session-checked call went through with
 
     def _repr_fields(self) -> Mapping[str, object]:
         return {"worker_id": self._session.worker_id if self._session else None}
@@ -213,6 +214,10 @@ class PipelogiqClient(HttpProtocolClient):
 
     def use_session(self, session: SessionState | None) -> None:
         self._session = session
+
+    def session_confirmed(self, session: SessionState) -> bool:
+        confirmed = self._confirmed
+        return confirmed is not None and confirmed.token.get_secret_value() == session.token.get_secret_value()
 
     def queue_for(self, handler: str) -> str:
         """The stage queue a handler consumes, from the bootstrap's ``stageNextPattern``."""
@@ -607,6 +612,8 @@ class PipelogiqClient(HttpProtocolClient):
         """
         status, label = response.status, response.endpoint
         if status in expected:
+            if credential in ("session", "both"):
+                self._confirmed = self._session  # the server took it (runtime/session.py)
             return
         error = self._server_error(response, redact)
         if status == 400:

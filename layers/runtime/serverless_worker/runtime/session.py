@@ -6,11 +6,12 @@ replaces it), so bootstrapping happens only under a DynamoDB lock; whoever loses
 race waits for the winner's session instead of bootstrapping again.
 
 A server that rejects the sessions it has just issued (``401 session expired`` on every
-lease acquire) would otherwise be bootstrapped at full speed: a session rejected within
-``RECOVERY_QUICK_SECONDS`` of its issue is replaced only after a jittered wait counted
-from that issue, doubling per such rejection in a row up to ``RECOVERY_MAX_SECONDS``
-(``SessionRecoveryPausedError`` until then). The wait counts from the stored session's
-issue time, so every container sharing the session keeps to it.
+lease acquire) would otherwise be bootstrapped at full speed: a session rejected before
+any call with it went through (here), within ``RECOVERY_QUICK_SECONDS`` of its issue, is
+replaced only after a jittered wait counted from that issue, doubling per such rejection
+in a row up to ``RECOVERY_MAX_SECONDS`` (``SessionRecoveryPausedError`` until then). A
+session that worked and then expired is replaced at once. The wait counts from the
+stored session's issue time, so every container sharing the session keeps to it.
 """
 
 from __future__ import annotations
@@ -108,12 +109,13 @@ class SessionKeeper:
                 return self._session
             if loaded is not None:
                 self._version = loaded[1]
-            self._pace_recovery(stale)
+            self._pace_recovery(protocol, stale)
             return self._bootstrap(protocol, stale=stale)
 
-    def recovery_pause(self, failed: SessionState | None) -> float:
-        """Seconds until a session rejected as ``failed`` may be replaced by a bootstrap."""
-        if failed is None:
+    def recovery_pause(self, failed: SessionState | None, protocol: WorkerProtocol | None = None) -> float:
+        """Seconds until a session rejected as ``failed`` may be replaced by a bootstrap
+        (none when ``protocol`` says a call with it went through: that is an expiry)."""
+        if failed is None or (protocol is not None and protocol.session_confirmed(failed)):
             return 0.0
         age = self._clock() - failed.issued_at
         if age >= RECOVERY_QUICK_SECONDS:
@@ -125,13 +127,14 @@ class SessionKeeper:
             self._recovery_wait = (fingerprint, step * (0.5 + 0.5 * self._rng()))
         return max(0.0, self._recovery_wait[1] - age)
 
-    def _pace_recovery(self, stale: SessionState | None) -> None:
+    def _pace_recovery(self, protocol: WorkerProtocol, stale: SessionState | None) -> None:
         """Before bootstrapping to replace ``stale``: wait out a quick rejection's back-off
         (raising ``SessionRecoveryPausedError`` until it is over)."""
-        if stale is None or self._clock() - stale.issued_at >= RECOVERY_QUICK_SECONDS:
+        if stale is None or protocol.session_confirmed(stale) or \
+                self._clock() - stale.issued_at >= RECOVERY_QUICK_SECONDS:
             self._quick_rejections = 0
             return
-        pause = self.recovery_pause(stale)
+        pause = self.recovery_pause(stale, protocol)
         if pause > 0:
             raise SessionRecoveryPausedError(
                 f"the server rejected worker session {stale.worker_id} "
