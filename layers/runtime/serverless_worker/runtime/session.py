@@ -37,7 +37,8 @@ __all__ = ["RECOVERY_FIRST_SECONDS", "RECOVERY_MAX_SECONDS", "RECOVERY_QUICK_SEC
 
 log = logging.getLogger("serverless_worker.session")
 
-# A session the server rejects within this long of issuing it counts as a quick rejection:
+# A session the server rejects within this long of issuing it, before any call that checks
+# it went through, counts as a quick rejection:
 # the next bootstrap waits (from the rejected session's issue) the first step, doubled per
 # quick rejection in a row, up to the maximum; each wait drawn from the step's upper half.
 RECOVERY_QUICK_SECONDS = 60.0
@@ -139,8 +140,8 @@ class SessionKeeper:
             raise SessionRecoveryPausedError(
                 f"the server rejected worker session {stale.worker_id} "
                 f"{self._clock() - stale.issued_at:.1f} s after issuing it; the next bootstrap is due "
-                f"in {pause:.1f} s (a quickly rejected session is replaced at most every "
-                f"{RECOVERY_FIRST_SECONDS:g}-{RECOVERY_MAX_SECONDS:g} s, doubling)")
+                f"in {pause:.1f} s (a session rejected before any call with it went through is replaced "
+                f"after a wait doubling up to {RECOVERY_MAX_SECONDS:g} s)")
         self._quick_rejections += 1
 
     def _fresh(self, session: SessionState | None) -> bool:
