@@ -170,22 +170,28 @@ def per_million_jobs(*, protocol: str, dynamodb: dict[str, Any], executor_ms: fl
 def idle_calls_per_hour(protocol: str, *, liveness: str, window_s: float, schedule_minutes: float,
                         heartbeat_interval_s: float = 15.0, offline_after_s: float = 45.0,
                         long_poll_s: float = 20.0, backoff_first_s: float = 0.2,
-                        backoff_cap_s: float | None = None) -> dict[str, float]:
+                        backoff_cap_s: float | None = None, long_poll_held: bool = True) -> dict[str, float]:
     """Job-server calls per hour at zero jobs (pulls and heartbeats), from the scheduler's own
-    arithmetic (serverless_worker.runtime.polling): what a liveness mode costs the server."""
+    arithmetic (serverless_worker.runtime.polling): what a liveness mode costs the server.
+
+    ``long_poll_held=False`` prices a Pipelogiq server that answers an empty pull at once
+    (its waitSeconds ignored): the scheduler then backs off as for a protocol without a
+    long poll, up to the protocol's ``empty_poll_backoff``."""
+    from serverless_worker.protocols import protocol_class
     from serverless_worker.runtime.polling import idle_polls, idle_window
 
     heartbeats = protocol == "pipelogiq"  # the only one whose worker heartbeats by default
     window = idle_window(liveness, window=window_s, schedule_seconds=schedule_minutes * 60,
                          heartbeat_interval=heartbeat_interval_s if heartbeats else None,
                          offline_after=offline_after_s if heartbeats else None)
-    if protocol == "pipelogiq":  # one long poll at a time, each cut at the next heartbeat
-        pulls = idle_polls(window, first=backoff_first_s, cap=1.0,
+    cap = backoff_cap_s or protocol_class(protocol).empty_poll_backoff
+    beats = 1 + math.floor(window / heartbeat_interval_s) + (liveness == "continuous") if heartbeats else 0
+    if protocol_class(protocol).long_poll and long_poll_held:
+        # one long poll at a time, each cut at the next heartbeat
+        pulls = idle_polls(window, first=backoff_first_s, cap=cap,
                            long_poll_seconds=min(long_poll_s, heartbeat_interval_s))
-        beats = 1 + math.floor(window / heartbeat_interval_s) + (liveness == "continuous")
     else:
-        cap = backoff_cap_s or {"priostack": 5.0, "claimqueue": 2.0}[protocol]
-        pulls, beats = idle_polls(window, first=backoff_first_s, cap=cap), 0
+        pulls = idle_polls(window, first=backoff_first_s, cap=cap)
     ticks_per_hour = 60 / schedule_minutes
     return {"window_s": window, "pulls": pulls * ticks_per_hour, "heartbeats": beats * ticks_per_hour}
 

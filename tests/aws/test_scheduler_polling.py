@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from e2e_support import HANDLERS_PATH, PROTOCOLS, done, in_flight, ledger, unsettled_peak, wait_for
 
+from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.runtime.context import LocalContext
 from serverless_worker.runtime.scheduler import Scheduler, TickReport
 from serverless_worker.state import LedgerStatus
@@ -129,6 +130,26 @@ def test_empty_pulls_back_off_from_a_short_wait_to_the_maximum(worker_env: Any, 
     assert len(waits) >= 5, waits
     for wait, step in zip(waits[:-1], steps, strict=False):
         assert step / 2 <= wait <= step, waits
+
+
+def test_empty_long_polls_answered_at_once_are_backed_off_not_repeated(worker_env: Any) -> None:
+    """A Pipelogiq server that ignores waitSeconds (204 at once, as its older release does):
+    the tick paces its empty pulls by what the server did, as for a protocol without a long
+    poll, instead of pulling again at once for the whole window."""
+    env = worker_env("pipelogiq", handlers=["e2e.echo"], handler_module=HANDLERS_PATH,
+                     settings={"wait_seconds_long_poll": 3, "liveness": "full-window"})
+    env.admin.faults([{"kind": "ignore_wait", "endpoint": "pull"}])
+    sleeps = Sleeps()
+
+    report = _tick(env, 5.0, sleeps)
+
+    # Waits of 0.1-0.2, 0.2-0.4, 0.4-0.8, 0.8-1.6 then 1.6-3.2 s: a handful of pulls, where
+    # pulling again at once made hundreds a second.
+    assert report.pulled == 0 and not report.errors, report
+    assert report.pulls == _pull_calls(env) <= 10, (report.pulls, sleeps.waits)
+    assert all(p["status"] == 204 for p in env.admin.overview()["pulls"])
+    backoffs = [wait for wait in sleeps.waits if wait > 0]
+    assert len(backoffs) >= report.pulls - 2 and max(backoffs) <= PipelogiqClient.empty_poll_backoff, sleeps.waits
 
 
 @pytest.mark.parametrize("protocol", _NO_LONG_POLL)

@@ -216,11 +216,27 @@ def test_misspelt_setting_exits_2_naming_it(protocol: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_fault_flags_set_faults_that_always_fire(start_sandbox) -> None:
+    # given a Pipelogiq sandbox started with two faults on the command line
+    sandbox = start_sandbox("pipelogiq", "--fault", "ignore_wait@pull", "--fault", "naive_lease_time")
+
+    # then the admin API shows them as rules that always fire, on one endpoint or all
+    rules = requests.get(f"{sandbox.url}/_admin/faults", timeout=5).json()["plan"]["rules"]
+    assert [(r["kind"], r["endpoint"], r["probability"], r["count"]) for r in rules] == [
+        ("ignore_wait", "pull", 1.0, None), ("naive_lease_time", "*", 1.0, None)]
+    # and an empty long poll of 20 s is answered at once (within the 5 s timeout) with a 204
+    key = sandbox.credentials["api_keys"]
+    answer = requests.post(f"{sandbox.url}/jobs/pull", json={"queue": "app_12_echo_StageNext", "waitSeconds": 20},
+                           headers={"X-API-Key": key}, timeout=5)
+    assert answer.status_code == 204 and answer.content == b""
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--seed", "/nonexistent/seed.json"], "cannot read --seed /nonexistent/seed.json"),
     (["--set", "=3"], "expected KEY=VALUE"),
     (["--port", "70000"], "70000 is not a TCP port"),
     (["--port", "http"], "http is not a TCP port"),
+    (["--fault", "ignore_waits@pull"], "unknown fault kind 'ignore_waits'"),
 ])
 def test_bad_arguments_exit_2_without_traceback(args: list[str], message: str) -> None:
     result = _cli("sandbox", "pipelogiq", *args)

@@ -207,6 +207,14 @@ def test_cost_model_arithmetic() -> None:
     assert calls["full-window"]["pulls"] > 60 * 25  # 2 s at most between claims, 1.5 s on average
     beats = cost.idle_calls_per_hour("pipelogiq", liveness="continuous", window_s=50, schedule_minutes=1)
     assert beats == {"window_s": 19.0, "pulls": 120.0, "heartbeats": 60 * 3}  # 0 s, 15 s and closing
+    # a Pipelogiq server that answers empty pulls at once: paced as the scheduler paces it (0.15,
+    # 0.3, 0.6, 1.2, 2.4, then 3.75 s apart at the jitter's mean), 18 pulls in a 50 s window
+    at_once = cost.idle_calls_per_hour("pipelogiq", liveness="full-window", window_s=50, schedule_minutes=1,
+                                       long_poll_held=False)
+    held = cost.idle_calls_per_hour("pipelogiq", liveness="full-window", window_s=50, schedule_minutes=1)
+    assert held["pulls"] == 60 * 4 and at_once["heartbeats"] == held["heartbeats"]
+    priostack = cost.idle_calls_per_hour("priostack", liveness="full-window", window_s=50, schedule_minutes=1)
+    assert at_once["pulls"] == priostack["pulls"] == 60 * 18  # the same 5 s cap as Priostack's document
     always_on = cost.always_on_alternatives()
     assert always_on["ec2_t4g_nano"]["usd"] == pytest.approx(730 * (0.0042 + 0.005) + 8 * 0.08)
 

@@ -32,6 +32,7 @@ __all__ = [
     "ServerUnavailableError",
     "ServerlessWorkerError",
     "SessionExpiredError",
+    "SessionRecoveryPausedError",
     "UnknownHandlerError",
     "UnsupportedServerError",
 ]
@@ -93,6 +94,11 @@ class InvalidApiKeyError(AuthenticationError):
 
 class SessionExpiredError(AuthenticationError):
     """The worker session token expired or was replaced by a newer bootstrap: re-bootstrap."""
+
+
+class SessionRecoveryPausedError(SessionExpiredError):
+    """The server rejected a session it issued moments ago, and the next bootstrap is not
+    due yet: re-bootstrapping at once would only be rejected again (a refusal loop)."""
 
 
 class ForbiddenError(ProtocolError):

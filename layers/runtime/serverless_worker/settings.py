@@ -145,10 +145,11 @@ class Settings(BaseModel):
                                    "pulling while pulls return work. The stack defaults to continuous.")
     poll_backoff_seconds: float = Field(
         0.2, gt=0, description="Wait after the first empty pull without a long poll (Priostack, claim "
-                               "queue); doubled, with jitter, per empty pull in a row.")
+                               "queue, or a Pipelogiq server that answers an empty pull at once); "
+                               "doubled, with jitter, per empty pull in a row.")
     poll_backoff_max_seconds: float | None = Field(
         None, gt=0, description="Longest wait between empty pulls; unset uses the protocol document's "
-                                "(Priostack 5 s, claim queue 2 s).")
+                                "(Priostack 5 s, claim queue 2 s, Pipelogiq without a held long poll 5 s).")
     lease_renew_seconds: float = Field(30, gt=0, description="Lease renewal interval while a job runs; "
                                                             "also the long-running path's renew loop.")
     wait_seconds_long_poll: float = Field(20, ge=0, le=20,   # Pipelogiq accepts 0-20

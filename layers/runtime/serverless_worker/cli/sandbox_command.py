@@ -79,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--seed", type=Path, metavar="FILE.json",
                         help="seed jobs from a file: one admin seed body, or a JSON list of them")
     parser.add_argument("--demo", action="store_true", help="seed a few demo jobs")
+    parser.add_argument("--fault", dest="faults", action="append", default=[], type=_fault,
+                        metavar="KIND[@ENDPOINT]",
+                        help="a fault that always fires, e.g. ignore_wait@pull (repeatable; the admin "
+                             "API's /_admin/faults takes probabilities and counts)")
     parser.set_defaults(handler=run)
 
 
@@ -91,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
             "credentials, so pass --allow-remote to expose it anyway")
     bodies = _seed_bodies(args.seed, protocol if args.demo else None)
     sandbox = _build(protocol, dict(args.settings))
+    if args.faults:
+        from ..sandbox._server import FaultPlan, FaultRule
+
+        sandbox.faults.set(FaultPlan(rules=[FaultRule(kind=kind, endpoint=endpoint)
+                                            for kind, endpoint in args.faults]))
     for body in bodies:
         _seed(sandbox, body)
     seeded = len(sandbox.jobs()) if bodies else 0
@@ -120,6 +129,19 @@ def _setting(text: str) -> tuple[str, Any]:
         value = raw  # a bare string such as --set api_key=abc
     return key.strip(), value
 
+
+
+def _fault(text: str) -> tuple[str, str]:
+    """``KIND[@ENDPOINT]``, checked against the fault kinds the sandboxes know."""
+    from typing import get_args
+
+    from ..sandbox._server import FaultKind
+
+    kind, _, endpoint = text.partition("@")
+    kinds = get_args(FaultKind)
+    if kind not in kinds:
+        raise argparse.ArgumentTypeError(f"unknown fault kind {kind!r}; known: {', '.join(kinds)}")
+    return kind, endpoint or "*"
 
 
 def _seed_bodies(path: Path | None, demo_protocol: str | None) -> list[Any]:

@@ -260,7 +260,7 @@ class LocalRunner:
         overrides = {"transport": "socket"} if settings.transport == "socket" else {}
         services = Services(settings=settings, store=self._state.store,
                             registry=registry, dispatcher=dispatcher, client_overrides=overrides,
-                            watcher=self._observer)
+                            watcher=self._observer, sleep=self._sleep)  # a refused job's wait ends on a stop
         shared.append(services)
         cleanup.callback(services.close)
         dispatcher.attach(lambda key, context: execute(services, key, context))

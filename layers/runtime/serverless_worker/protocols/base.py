@@ -185,6 +185,11 @@ class WorkerProtocol(ABC):
     def use_session(self, session: SessionState | None) -> None:
         """Adopt a session restored from the state store."""
 
+    def session_confirmed(self, session: SessionState) -> bool:
+        """Whether a call that checks the session went through with ``session``: its later
+        rejection is then an expiry, not a server refusing the sessions it issues."""
+        return False
+
     def heartbeat(self, status: WorkerStatus) -> None:
         """Report liveness; a no-op where the protocol has no heartbeat."""
 

@@ -157,6 +157,9 @@ class PipelogiqClient(HttpProtocolClient):
     lease_renewable: ClassVar[bool] = True
     supports_events: ClassVar[bool] = True
     long_poll: ClassVar[bool] = True  # the server waits up to waitSeconds for work
+    # A server that answers an empty pull at once instead (an older release ignores
+    # waitSeconds): paced as Priostack's document paces its at-once poll, at most 5 s apart.
+    empty_poll_backoff: ClassVar[float] = 5.0
     max_events_per_batch: ClassVar[int] = 200
     # Every execution has its own id (the server's UUID, fenced by the lease's attempt): a
     # settled one delivered again is the broker's duplicate, acknowledged away unrun.
@@ -179,6 +182,7 @@ class PipelogiqClient(HttpProtocolClient):
         self._session: SessionState | None = None
         self._tally = AddressTally()
         self._lease_api_missing: bool | None = None  # None: not asked yet (see _lacks_lease_api)
+        self._confirmed: SessionState | None = None  # the last session a session-checked call went through with
 
     def _repr_fields(self) -> Mapping[str, object]:
         return {"worker_id": self._session.worker_id if self._session else None}
@@ -247,6 +251,10 @@ class PipelogiqClient(HttpProtocolClient):
 
     def use_session(self, session: SessionState | None) -> None:
         self._session = session
+
+    def session_confirmed(self, session: SessionState) -> bool:
+        confirmed = self._confirmed
+        return confirmed is not None and confirmed.token.get_secret_value() == session.token.get_secret_value()
 
     def queue_for(self, handler: str) -> str:
         """The stage queue a handler consumes, from the bootstrap's ``stageNextPattern``."""
@@ -491,6 +499,14 @@ class PipelogiqClient(HttpProtocolClient):
             if answer.leaseExpiresAt is None:
                 raise ProtocolViolationError(f"job {delivery.job_id}: lease granted without leaseExpiresAt",
                                              endpoint=label, status=response.status)
+            if answer.leaseExpiresAt.utcoffset() is None:
+                # RFC 3339 needs Z or an offset. Guessing one (UTC, local time) could run the
+                # handler past a lease that has already ended on the server: refuse to run.
+                sent = response.json().get("leaseExpiresAt")
+                raise ProtocolViolationError(
+                    f"job {delivery.job_id}: lease granted with leaseExpiresAt "
+                    f"{str(sent)[:40]!r} without a time zone (RFC 3339 needs Z or an offset); the "
+                    "lease's end is unknown, so the job is not run", endpoint=label, status=response.status)
             return Lease(expires_at=answer.leaseExpiresAt.timestamp(),
                          attempt=answer.attempt if answer.attempt is not None else delivery.attempt,
                          renewable=True)
@@ -699,6 +715,8 @@ class PipelogiqClient(HttpProtocolClient):
         """
         status, label = response.status, response.endpoint
         if status in expected:
+            if credential in ("session", "both"):
+                self._confirmed = self._session  # the server took it (runtime/session.py)
             return
         error = self._server_error(response, redact)
         if status == 400:

@@ -11,6 +11,7 @@ need): no model has a field for it, so it is dropped on decoding and never store
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -209,7 +210,9 @@ class LeaseAnswer(_Answer):
     acquired: StrictBool
     reason: str | None = None
     attempt: int | None = None
-    leaseExpiresAt: AwareDatetime | None = None
+    # Any date-time here; one without a time zone is refused by the client, naming it
+    # (docs/protocols.md, "Pacing empty pulls and refusals").
+    leaseExpiresAt: datetime | None = None
 
 
 # -- result -----------------------------------------------------------------------------

@@ -93,14 +93,23 @@ def resume(services: Services, ledger_key: str) -> dict[str, Any]:
 
 def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoch: str,
                 remaining: Callable[[], float], lambda_limit: float | None = None) -> Settlement:
-    """Lease, run, store, settle a delivery this invocation owns (status RUNNING, our epoch)."""
+    """Lease, run, store, settle a delivery this invocation owns (status RUNNING, our epoch).
+
+    A job handed back or refused before waits out its back-off first (``runtime/refusals.py``)."""
+    pause = services.refusals.pause(delivery, remaining=remaining() - services.settings.report_margin_seconds,
+                                    now=services.clock())
+    if pause > 0:
+        services.sleep(pause)
     try:
         lease = services.call(lambda p: p.acquire(delivery))
     except LeaseRefusedError as refusal:
+        services.refusals.refused(delivery, f"lease refused: {refusal.reason}")
         return settle_refusal(services, ledger_key, delivery, refusal)
     except ProtocolError as err:
         # We could not learn whether we hold the lease; the handler has not started, so
         # handing back is safe and definite.
+        services.refusals.refused(delivery, f"lease not acquired: {type(err).__name__}")
+        log.warning("lease for job %s not acquired, handing it back: %s", delivery.job_id, err)
         return hand_back(services, ledger_key, delivery, f"lease not acquired: {type(err).__name__}",
                          epoch=epoch)
 
@@ -125,12 +134,14 @@ def run_claimed(services: Services, ledger_key: str, delivery: Delivery, *, epoc
         # When no delivery of this handler ever can (a fixed limit), say so and stop pulling it.
         why = never_fits(spec, delivery, bounding, lambda_limit=remaining() if lambda_limit is None else lambda_limit,
                          report_margin=settings.report_margin_seconds)
+        services.refusals.refused(delivery, "time budget cannot fit")
         if why is not None:
             report_unfit(services, spec, why)
             return hand_back(services, ledger_key, delivery, why, epoch=epoch)
         return hand_back(services, ledger_key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
                          epoch=epoch)
 
+    services.refusals.went_through(delivery)
     outcome = store_outcome(services, ledger_key, epoch, _run(services, delivery, spec, lease, budget),
                             subject=f"handler {delivery.handler!r} (job {delivery.job_id})")
     return settle(services, ledger_key, delivery, outcome)

@@ -38,7 +38,7 @@ from ..state.errors import UnrecordableDeliveryError
 from .context import LambdaContextLike
 from .dispatch import DispatchError
 from .poison import UNSETTLED, settle_unrecordable
-from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, idle_window
+from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
 from .reaper import reap
 from .services import Services
 from .session import SessionUnavailableError
@@ -106,6 +106,7 @@ class Scheduler:
         self._next_handler = 0  # where the next round of pulls starts (see _in_turn)
         self.room_wait_max = ROOM_WAIT_MAX_SECONDS  # the longest wait for a batch's worth of room
         self._unavailable = 0  # pulls failing in a row with the server unavailable (across ticks)
+        self._early_empties = 0  # empty long polls answered sooner than asked, since the round began
         # The stored counters as the last forced heartbeat read them, repeated in the beats between.
         self._counted: dict[str, int] = {}
 
@@ -172,6 +173,7 @@ class Scheduler:
         rounds = 0
         worked = False  # the last round's pulls returned work (see _pull's ``hurry``)
         room_since: float | None = None  # since when some, but not a batch's worth of, room is free
+        self._early_empties = 0
         while report.stopped is None:
             end = min(full_end, busy_until)
             # Stop when less than a second is left: a pull then could outlast the window. The
@@ -213,6 +215,7 @@ class Scheduler:
                     continue
             room_since = None
             got, full = 0, False
+            round_started = clock()
             for name in self._in_turn(handlers):
                 room = min(settings.batch_size, limit - in_flight)
                 if room <= 0 or (rounds > 1 and clock() >= end):
@@ -229,14 +232,23 @@ class Scheduler:
             # An all-empty round makes the next one long-poll (never a busy loop); a lone
             # handler has no other queue to starve, so it always long-polls.
             worked = got > 0 and len(handlers) > 1
+            with self._report_lock:
+                early, self._early_empties = self._early_empties, 0
             if got:
                 backoff.reset()
                 busy_until = max(busy_until, clock() + WORK_LINGER_SECONDS)
-            if services.protocol.long_poll or full:
-                continue  # a long poll waits server-side; a full pull means more is waiting
+            if full or (services.protocol.long_poll and (got or not early)):
+                continue  # a held long poll waited server-side; a full pull means more is waiting
             # Nothing, or less than asked: the queue is empty now. Wait the first step after
-            # work, doubling while pulls stay empty.
-            self._sleep(min(backoff.next_wait(), max(0.0, end - clock())))
+            # work, doubling while pulls stay empty. An empty long poll the server answered at
+            # once (no long poll there: waitSeconds ignored, a 204 at once) is paced the same
+            # way, by what the server did rather than what it promised; there the time the
+            # round's pulls took counts towards the wait (a server holding polls shorter than
+            # asked is not made to wait twice).
+            pause = backoff.next_wait()
+            if services.protocol.long_poll:
+                pause -= clock() - round_started
+            self._sleep(min(max(0.0, pause), max(0.0, end - clock())))
 
     # -- pieces -----------------------------------------------------------------
     def _fit_handlers(self, report: TickReport, unfit: dict[str, str]) -> list[str]:
@@ -310,6 +322,7 @@ class Scheduler:
                               criteria=self._criteria(handler))
         with self._report_lock:  # parallel claims report from several threads
             report.pulls += 1
+        asked_at = services.clock()
         try:
             deliveries = services.call(lambda p: self._pull_noting_unaddressable(p, request, report))
         except RateLimitedError as err:
@@ -347,6 +360,8 @@ class Scheduler:
         with self._report_lock:
             report.pulled += len(deliveries)
             self._unavailable = 0
+            if not deliveries and answered_early(wait, services.clock() - asked_at):
+                self._early_empties += 1
         return deliveries
 
     def _pull_noting_unaddressable(self, protocol: WorkerProtocol, request: PullRequest,

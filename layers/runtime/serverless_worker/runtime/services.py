@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import SecretStr
 
-from ..errors import InvalidApiKeyError, SessionExpiredError
+from ..errors import InvalidApiKeyError, SessionExpiredError, SessionRecoveryPausedError
 from ..protocols.base import Delivery, WorkerIdentity, WorkerProtocol
 from .dispatch import Dispatcher, DispatchError
 from .events import EventBuffer
+from .refusals import JobRefusals
 from .session import SessionKeeper
 
 if TYPE_CHECKING:  # types only: the runtime must not pay for these imports before it needs them
@@ -62,6 +63,8 @@ class Services:
     events: EventBuffer = field(default_factory=EventBuffer)
     client_overrides: dict[str, Any] = field(default_factory=dict)
     watcher: DeliveryWatcher | None = None
+    refusals: JobRefusals = field(default_factory=JobRefusals)  # jobs handed back or refused: paced
+    sleep: Callable[[float], None] = time.sleep  # waits of the runtime's own pacing (refusals)
     _protocol: WorkerProtocol | None = field(default=None, init=False, repr=False)
     _credential: SecretStr | None = field(default=None, init=False, repr=False)
     _keeper: SessionKeeper | None = field(default=None, init=False, repr=False)
@@ -160,14 +163,20 @@ class Services:
         try:
             return fn(self.protocol)
         except SessionExpiredError:
-            log.warning("worker session rejected; recovering")
-            self.events.add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped",
-                            level="WARN")
             # Threads share this keeper (lease renewal beside the result post; every executor
             # in the local runner): when several hit the same 401, the first re-bootstraps and
             # the others must adopt its session. Recovering "the current session" instead
             # made each of them bootstrap again, each replacing the token the previous one got.
-            self._with_fresh_key(lambda: self.keeper.recover(self.protocol, failed=used))
+            # A session rejected right after its issue is replaced only after a back-off
+            # (SessionRecoveryPausedError until then: the caller handles it as the 401 it is).
+            try:
+                self._with_fresh_key(lambda: self.keeper.recover(self.protocol, failed=used))
+            except SessionRecoveryPausedError as paused:
+                log.info("worker session rejected; not re-bootstrapping yet: %s", paused)
+                raise
+            log.warning("worker session rejected; recovered")
+            self.events.add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped",
+                            level="WARN")
             return fn(self.protocol)
         except InvalidApiKeyError:
             if not self._refresh_credential():

@@ -4,26 +4,46 @@ replaced or expired session.
 Two concurrent bootstraps of one instance invalidate each other's token (the server
 replaces it), so bootstrapping happens only under a DynamoDB lock; whoever loses the
 race waits for the winner's session instead of bootstrapping again.
+
+A server that rejects the sessions it has just issued (``401 session expired`` on every
+lease acquire) would otherwise be bootstrapped at full speed: a session rejected before
+any call with it went through (here), within ``RECOVERY_QUICK_SECONDS`` of its issue, is
+replaced only after a jittered wait counted from that issue, doubling per such rejection
+in a row up to ``RECOVERY_MAX_SECONDS`` (``SessionRecoveryPausedError`` until then). A
+session that worked and then expired is replaced at once. The wait counts from the
+stored session's issue time, so every container sharing the session keeps to it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import ServerlessWorkerError
+from ..errors import ServerlessWorkerError, SessionRecoveryPausedError
 from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
+from .polling import backoff_step
 
 if TYPE_CHECKING:
     from ..state.contract import StateStore
 
-__all__ = ["SessionKeeper", "SessionUnavailableError", "needs_refresh"]
+__all__ = ["RECOVERY_FIRST_SECONDS", "RECOVERY_MAX_SECONDS", "RECOVERY_QUICK_SECONDS", "SessionKeeper",
+           "SessionUnavailableError", "needs_refresh"]
 
 log = logging.getLogger("serverless_worker.session")
+
+# A session the server rejects within this long of issuing it, before any call that checks
+# it went through, counts as a quick rejection:
+# the next bootstrap waits (from the rejected session's issue) the first step, doubled per
+# quick rejection in a row, up to the maximum; each wait drawn from the step's upper half.
+RECOVERY_QUICK_SECONDS = 60.0
+RECOVERY_FIRST_SECONDS = 1.0
+RECOVERY_MAX_SECONDS = 30.0
 
 
 class SessionUnavailableError(ServerlessWorkerError):
@@ -39,7 +59,7 @@ class SessionKeeper:
 
     def __init__(self, *, store: StateStore, protocol_name: str, instance: str, identity: WorkerIdentity,
                  refresh_margin: float, lock_ttl: float = 30.0, wait_for_peer: float = 10.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, rng: Callable[[], float] = random.random) -> None:
         self._store = store
         self._protocol_name = protocol_name
         self._instance = instance
@@ -52,6 +72,9 @@ class SessionKeeper:
         self._session: SessionState | None = None
         self._version: int | None = None
         self._mutex = threading.Lock()
+        self._rng = rng
+        self._quick_rejections = 0  # sessions rejected soon after their issue, in a row
+        self._recovery_wait: tuple[str, float] | None = None  # (rejected session, its drawn wait)
         self.bootstraps = 0
 
     @property
@@ -87,7 +110,39 @@ class SessionKeeper:
                 return self._session
             if loaded is not None:
                 self._version = loaded[1]
+            self._pace_recovery(protocol, stale)
             return self._bootstrap(protocol, stale=stale)
+
+    def recovery_pause(self, failed: SessionState | None, protocol: WorkerProtocol | None = None) -> float:
+        """Seconds until a session rejected as ``failed`` may be replaced by a bootstrap
+        (none when ``protocol`` says a call with it went through: that is an expiry)."""
+        if failed is None or (protocol is not None and protocol.session_confirmed(failed)):
+            return 0.0
+        age = self._clock() - failed.issued_at
+        if age >= RECOVERY_QUICK_SECONDS:
+            return 0.0
+        fingerprint = _fingerprint(failed)
+        if self._recovery_wait is None or self._recovery_wait[0] != fingerprint:
+            # Drawn once per rejected session: asking again must not roll the dice again.
+            step = backoff_step(RECOVERY_FIRST_SECONDS, RECOVERY_MAX_SECONDS, self._quick_rejections + 1)
+            self._recovery_wait = (fingerprint, step * (0.5 + 0.5 * self._rng()))
+        return max(0.0, self._recovery_wait[1] - age)
+
+    def _pace_recovery(self, protocol: WorkerProtocol, stale: SessionState | None) -> None:
+        """Before bootstrapping to replace ``stale``: wait out a quick rejection's back-off
+        (raising ``SessionRecoveryPausedError`` until it is over)."""
+        if stale is None or protocol.session_confirmed(stale) or \
+                self._clock() - stale.issued_at >= RECOVERY_QUICK_SECONDS:
+            self._quick_rejections = 0
+            return
+        pause = self.recovery_pause(stale, protocol)
+        if pause > 0:
+            raise SessionRecoveryPausedError(
+                f"the server rejected worker session {stale.worker_id} "
+                f"{self._clock() - stale.issued_at:.1f} s after issuing it; the next bootstrap is due "
+                f"in {pause:.1f} s (a session rejected before any call with it went through is replaced "
+                f"after a wait doubling up to {RECOVERY_MAX_SECONDS:g} s)")
+        self._quick_rejections += 1
 
     def _fresh(self, session: SessionState | None) -> bool:
         return not needs_refresh(session, self._margin, self._clock())
@@ -130,6 +185,11 @@ def needs_refresh(session: SessionState | None, margin: float, now: float) -> bo
     """Whether ``session`` must be replaced before use: missing, or expiring within
     ``margin`` seconds of ``now`` (refreshing early means no call races the expiry)."""
     return session is None or session.expires_within(margin, now)
+
+
+def _fingerprint(session: SessionState) -> str:
+    """What identifies a session here without keeping its token."""
+    return hashlib.sha256(session.token.get_secret_value().encode()).hexdigest()[:16]
 
 
 def _same(a: SessionState | None, b: SessionState | None) -> bool:

@@ -63,6 +63,11 @@ FaultKind = Literal[
                            # body) and carrying control characters: ESC, CR LF, NUL, C1 CSI
     "deep_answer",         # apply the effect, then answer 200 with JSON nested DEEP_ANSWER_LEVELS deep
     "expired_lease",       # grant a lease already past its expiry (protocol-specific)
+    # An empty pull is answered at once, whatever wait it asked for: a server without a long
+    # poll (Pipelogiq answers 204 with no body, as its older release does). Priostack's
+    # activate and the claim queue's claim answer at once anyway, as their documents say.
+    "ignore_wait",
+    "naive_lease_time",    # a granted lease's leaseExpiresAt without a time zone (Pipelogiq)
 ]
 
 # What an "echo_request" error text ends with: a terminal escape, a forged log line, a NUL

@@ -524,7 +524,7 @@ class PipelogiqSandbox(Sandbox):
                 self.pulls.append({"queue": queue, "waitSeconds": wait, "status": 200})
                 return self._deliver(pending.popleft())
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or self.faults.fire("ignore_wait", "pull"):
                 self.pulls.append({"queue": queue, "waitSeconds": wait, "status": 204})
                 return Response(status_code=204)
             await asyncio.sleep(min(self.config.poll_interval, remaining))
@@ -611,8 +611,11 @@ class PipelogiqSandbox(Sandbox):
         self._record(stage.stage_id, "lease_acquired" if op == "acquire" else "lease_renewed",
                      executionId=execution_id, workerId=worker.worker_id, attempt=execution.attempt,
                      leaseExpiresAt=_rfc3339(execution.lease.expires_at))
+        expires_at = _rfc3339(execution.lease.expires_at)
+        if self.faults.fire("naive_lease_time", f"lease.{op}"):
+            expires_at = expires_at.removesuffix("Z")  # the same instant, its time zone left out
         return JSONResponse({"acquired": True, "executionId": execution_id, "attempt": execution.attempt,
-                             "leaseExpiresAt": _rfc3339(execution.lease.expires_at)})
+                             "leaseExpiresAt": expires_at})
 
     def _lease_refusal(self, stage: _Stage, execution_id: str, worker: _Worker, op: str,
                        now: float) -> str | None:
