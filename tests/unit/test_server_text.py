@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from serverless_worker import logsafety
 from serverless_worker.logsafety import REDACTED, escape_controls, server_text
 
@@ -40,3 +44,19 @@ def test_the_cut_comes_after_the_redaction_so_no_part_of_a_secret_is_left() -> N
 
 def test_escape_controls_leaves_printable_text_alone() -> None:
     assert escape_controls("plain ünï-ℵ text") == "plain ünï-ℵ text"
+
+
+def test_a_server_given_id_logged_by_the_project_has_its_controls_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    # given a job key as a hostile server may hand it out, logged as the runtime logs ids
+    key = "job-1\x1b[2J\r\nINFO forged line\x00"
+    with caplog.at_level("INFO", logger="serverless_worker.runtime.test"):
+        logging.getLogger("serverless_worker.runtime.test").info("job %s settled (%d)", key, 3)
+    # then the line holds the escapes, not the controls, and the other arguments are untouched
+    [record] = caplog.records
+    assert record.getMessage() == "job job-1\\x1b[2J\\r\\nINFO forged line\\x00 settled (3)"
+
+
+def test_a_project_format_string_keeps_its_own_line_breaks(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="serverless_worker.local.test"):
+        logging.getLogger("serverless_worker.local.test").info("first\nsecond")
+    assert caplog.records[0].getMessage() == "first\nsecond"

@@ -19,8 +19,10 @@ The redaction is a log record factory rather than a logger filter: a filter sees
 the records of the logger it is on, not its children's, and botocore alone logs through
 some thirty module loggers, created as its modules are imported.
 
-The project's own records are not rewritten (that would cost every log line a regex
-pass); instead whatever a server says is made safe where it enters: every protocol
+The project's own records are not redacted (that would cost every log line a regex
+pass), only their string arguments' control characters escaped (a job key or item id is
+the server's text, logged as ``"job %s"``: one ``str.translate`` per argument); whatever
+else a server says is made safe where it enters: every protocol
 client passes a server's error text through :func:`server_text` before it goes into an
 exception, a log line or the state store, and the stores pass every error text they
 record through it again. A server may echo the request (its headers, its body) in an
@@ -44,6 +46,7 @@ __all__ = [
     "hold_sdk_loggers",
     "install",
     "escape_controls",
+    "escape_record_args",
     "redact",
     "redact_record",
     "register_secret",
@@ -57,6 +60,7 @@ WIRE_LOGGER = "serverless_worker.protocols.claimqueue.wire"
 REDACTED_LOGGERS = ("urllib3", "requests", "botocore", "boto3", "s3transfer", "stamina", "websockets",
                     WIRE_LOGGER)
 _PREFIXES = tuple(f"{name}." for name in REDACTED_LOGGERS)
+_OWN_PREFIX = "serverless_worker"  # the project's loggers: string arguments escaped (escape_record_args)
 
 # Secrets that may appear in any shape: query values, credential headers, JSON token fields.
 _PATTERNS = (
@@ -137,10 +141,20 @@ def redact_record(record: logging.LogRecord) -> None:
 _make_record: Callable[..., logging.LogRecord] = logging.getLogRecordFactory()
 
 
+def escape_record_args(record: logging.LogRecord) -> None:
+    """Escape the control characters of ``record``'s string arguments: a job key or item id
+    is the server's text too, and lands in the project's own lines as an argument
+    (``"job %s ..."``); the format strings, which are ours, are left as written."""
+    if isinstance(record.args, tuple) and any(isinstance(arg, str) for arg in record.args):
+        record.args = tuple(escape_controls(arg) if isinstance(arg, str) else arg for arg in record.args)
+
+
 def _redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
     record = _make_record(*args, **kwargs)
     if f"{record.name}.".startswith(_PREFIXES):
         redact_record(record)
+    elif record.name.startswith(_OWN_PREFIX):
+        escape_record_args(record)
     return record
 
 
