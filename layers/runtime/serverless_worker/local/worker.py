@@ -131,8 +131,9 @@ class LocalRunner:
     """
 
     def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
-                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS) -> None:
+                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False) -> None:
         self.settings = settings
+        self.stats = stats  # the summary's HTTP-call and state-store tables (--stats)
         self.ledger_retention_seconds = ledger_retention_seconds
         self.own_sandbox = own_sandbox
         self.console = console
@@ -208,7 +209,7 @@ class LocalRunner:
                 return EXIT_INCOMPLETE
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
-            self.console.print(render_summary(summary))
+            self.console.print(render_summary(summary, stats=self.stats))
             if self._swept:
                 self.console.print(f"({self._swept} settled items older than "
                                    f"{self.ledger_retention_seconds} s were swept from the state file; "
@@ -576,7 +577,8 @@ class LocalRunner:
                          handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
                          admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
                          store_ops=dict(services.store.ops), unsettled=observer.unsettled_deliveries(),
-                         unusable=observer.unusable_answers())
+                         unusable=observer.unusable_answers(),
+                         deliberate=sandbox.deliberate if sandbox is not None else None)
 
     def _exit_status(self, summary: RunSummary, forced: bool) -> int:
         stop = self._stop
