@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_local_cli import CLI, SECRET, clean_env, local, seed
+from test_local_cli import SANDBOX_KEYS as SANDBOX_KEYS  # the sandbox fixture reads it
 
 from serverless_worker.sandbox.admin import job_id
-
-from test_local_cli import SANDBOX_KEYS as SANDBOX_KEYS  # the sandbox fixture reads it
-from test_local_cli import CLI, SECRET, clean_env, local, seed
 
 pytestmark = pytest.mark.cli
 
