@@ -158,6 +158,7 @@ class LocalRunner:
         self._recovered = RecoveryReport()
         self._server_note: str | None = None  # the state file served another server until now
         self._dispatcher: LocalDispatcher | None = None  # set by _build; told when a stop is requested
+        self._intro: list[str] = []   # the banner and start-up notes, printed once the server let us in
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -177,18 +178,20 @@ class LocalRunner:
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
-            self._banner(sandbox, aws, names, dispatcher.concurrency)
+            # The banner waits for the first contact: a server that refuses it gets one line
+            # instead (first_contact.refusal), not a banner that promised a run.
+            self._intro = self._banner(sandbox, aws, names, dispatcher.concurrency)
             if self._server_note:
-                self.console.print(f"  {self._server_note}", highlight=False, markup=False, soft_wrap=True)
+                self._intro.append(f"  {self._server_note}")
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
             # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
             resume_pulling(services)
             self._recovered = recover(services)
             if self._recovered.total:
-                self.console.print(
+                self._intro.append(
                     f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
                     f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
-                    "settled without running again", highlight=False, markup=False)
+                    "settled without running again")
             progress = Progress(self.console, live=self.live)  # started once the first contact went through
             cleanup.callback(progress.stop)
             held = HeldLogs().attach(logging.getLogger().handlers)
@@ -272,7 +275,7 @@ class LocalRunner:
         return services, aws, scheduler, dispatcher
 
     def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws | None, names: list[str],
-                concurrency: int) -> None:
+                concurrency: int) -> list[str]:
         settings = self.settings
         if sandbox is not None:
             where = (f"{settings.protocol} sandbox (built in) at {sandbox.url}, "
@@ -292,8 +295,14 @@ class LocalRunner:
             f"  state: SQLite {state} · {machine}",
             f"  {stop}",
         ]
-        for line in lines:
-            self.console.print(line, highlight=False, markup=False)
+        return lines
+
+    def _print_intro(self) -> None:
+        """The banner and what start-up found, once the server let us in (or a stop came first)."""
+        for line in self._intro:
+            # The server note names a URL and a path: never wrapped mid-way.
+            self.console.print(line, highlight=False, markup=False, soft_wrap=line == f"  {self._server_note}")
+        self._intro = []
 
     def _forget(self, keys: list[str]) -> None:
         """Swept ledger items: their handler starts are no longer needed for the summary."""
@@ -315,6 +324,7 @@ class LocalRunner:
             # Nothing was taken and the server refused us: no draining flag, no shutdown call.
             ticker.join(self._tick_timeout)
             return False
+        self._print_intro()
         held.release()
         progress.start()
         progress.phase("working")
