@@ -209,7 +209,7 @@ def test_a_server_that_answers_only_5xx_is_retried_then_left_without_a_drain(san
 def test_a_refused_key_with_a_kept_session_names_the_call_once(sandbox: Callable[..., Any],
                                                                handler_file: Path) -> None:
     # given a Pipelogiq worker that ran once with its key, leaving its state file
-    server, admin = sandbox("pipelogiq")
+    server, _ = sandbox("pipelogiq")
     first, _ = local("pipelogiq", server.url, handler_file, SECRET, "--until-idle", "1")
     assert first.returncode == 0, first
 

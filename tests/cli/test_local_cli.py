@@ -383,3 +383,29 @@ def test_run_past_lease_lets_a_claim_queue_handler_run_for_its_whole_timeout(san
     assert result.returncode == 0, result.stdout + result.stderr
     assert row(result.stdout, "handler runs") == 3
     assert all(job["status"] == "finished" for job in admin.jobs()), admin.jobs()
+
+
+def test_a_second_worker_on_the_same_state_file_is_told_state_and_instance_id(sandbox: Callable[..., Any],
+                                                                             handler_file: Path) -> None:
+    # given a worker running against a server with the default state file of its directory
+    server, admin = sandbox("claimqueue")
+    args = ["--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
+            "--handler-module", str(handler_file), "--handlers", "double"]
+    first = subprocess.Popen([str(CLI), "local", *args], cwd=handler_file.parent, env=clean_env(TEST_KEY=SECRET),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: admin.stats()["calls"].get("claim", 0) > 0, timeout=60, what="the first worker's claim")
+
+        # when a second one starts in the same directory
+        second = local(*args, "--until-idle", "1", env=clean_env(TEST_KEY=SECRET), cwd=handler_file.parent,
+                       timeout=60)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+
+    # then it exits 2 in one line: a second worker needs its own file and its own instance id
+    assert second.returncode == 2, second
+    err = second.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "in use by another serverless-worker local" in err
+    assert "--state PATH --instance-id ID" in err
