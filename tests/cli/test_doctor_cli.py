@@ -8,6 +8,8 @@ two-stage pipeline whose first stage is retried once, as the server's smoke scri
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -92,19 +94,52 @@ def test_a_refused_credential_fails_the_server_check(tmp_path: Path, serve: Any,
 
     result = doctor(tmp_path, protocol, server.url, key="not-the-key")
 
-    assert result.returncode == 1
+    # then, as local says it: the URL, the refused credential, the settings that give the
+    # key; one line per check, no exception class; exit 2 as local's
+    assert result.returncode == 2, result
     server_line = lines(result)["server"]
     assert server_line.split()[0] == "FAIL"
-    assert "401" in server_line or "rejected" in server_line.lower(), server_line
+    assert f"the job server at {server.url} refused the credential; check the key (--api-key-env NAME" \
+        in server_line, server_line
+    assert "HTTP 401" in server_line
+    assert not re.search(r"\b[A-Z][A-Za-z]+Error\b", result.stdout + result.stderr), result.stdout
+    assert len(result.stdout.splitlines()) == 1 + len(lines(result))     # the header, then a line per check
+    assert result.stderr == "serverless-worker doctor: the server check failed (above)\n"
     assert "not-the-key" not in result.stdout + result.stderr
 
 
 def test_an_unreachable_server_fails_the_server_check(tmp_path: Path) -> None:
-    result = doctor(tmp_path, "priostack", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with socket.socket() as bound:  # bound, not listening: a connection is refused
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        result = doctor(tmp_path, "priostack", url)
 
-    assert result.returncode == 1
-    assert "ServerUnavailableError" in lines(result)["server"]
-    assert "retry_scheduled" not in result.stderr
+    assert result.returncode == 2, result
+    line = lines(result)["server"]
+    assert f"cannot reach the job server at {url} (--url, SW_BASE_URL): connection refused" in line, line
+    assert "Error" not in line and "retry_scheduled" not in result.stderr
+
+
+def test_a_server_of_another_protocol_names_protocol(tmp_path: Path, serve: Any) -> None:
+    server = serve("pipelogiq", **SANDBOX_KEYS["pipelogiq"])
+
+    result = doctor(tmp_path, "priostack", server.url)
+
+    assert result.returncode == 2, result
+    assert "is it a priostack server? check --protocol" in lines(result)["server"]
+
+
+def test_doctor_help_lists_only_its_own_flags() -> None:
+    result = subprocess.run([str(CLI), "doctor", "--help"], capture_output=True, text=True, timeout=60,
+                            check=False, env={**os.environ, "COLUMNS": "200"})
+
+    assert result.returncode == 0
+    for flag in ("--url", "--protocol", "--api-key-env", "--queue", "--handler-module", "--handlers",
+                 "--instance-id", "--smoke", "--connect-timeout"):
+        assert flag in result.stdout, flag
+    for local_only in ("--concurrency", "--until-idle", "--state-path", "--batch-size", "--transport",
+                       "--drain-grace-seconds", "--log-level", "--stats"):
+        assert local_only not in result.stdout, local_only
 
 
 def test_the_pipelogiq_smoke_works_two_stages_and_retries_the_first(tmp_path: Path, serve: Any) -> None:
@@ -127,8 +162,10 @@ def test_the_smoke_is_refused_where_there_is_no_pipeline(tmp_path: Path, serve: 
 
     result = doctor(tmp_path, "priostack", server.url, "--smoke")
 
-    assert result.returncode == 1
-    assert lines(result)["smoke"].split()[0] == "FAIL"
+    # a usage error, as local's: one line, exit 2, nothing checked
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--smoke works a Pipelogiq pipeline" in result.stderr
+    assert result.stdout == ""
 
 
 def test_without_a_server_it_is_a_usage_error(tmp_path: Path) -> None:

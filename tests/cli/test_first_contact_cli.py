@@ -128,8 +128,9 @@ def test_a_refused_key_ends_at_once_without_calls_beyond_the_first(protocol: str
     assert server.url in line and "refused the credential" in line and "HTTP 401" in line, line
     assert "--api-key-env" in line
     assert elapsed < FAST, f"took {elapsed:.1f} s"
-    assert "taken" not in result.stdout and "handler runs" not in result.stdout
-    assert "jobs taken=" not in result.stdout
+    # instead of the banner, not after it; the call's own text once, without the tick's step
+    assert result.stdout == "", result.stdout
+    assert "pull: pull:" not in line and "session: bootstrap:" not in line, line
     # and the server saw the first bootstrap or pull only: no heartbeat, drain or shutdown
     calls = {label: n for label, n in admin.stats()["calls"].items() if n}
     assert set(calls) == {FIRST_CALL[protocol]}, calls
@@ -203,3 +204,40 @@ def test_a_server_that_answers_only_5xx_is_retried_then_left_without_a_drain(san
     assert "HTTP 503" in last and "nothing was taken" in last
     assert "taken " not in result.stdout and "open_session" not in result.stdout + result.stderr
     assert time.monotonic() - started < 60
+
+
+def test_a_refused_key_with_a_kept_session_names_the_call_once(sandbox: Callable[..., Any],
+                                                               handler_file: Path) -> None:
+    # given a Pipelogiq worker that ran once with its key, leaving its state file
+    server, _ = sandbox("pipelogiq")
+    first, _ = local("pipelogiq", server.url, handler_file, SECRET, "--until-idle", "1")
+    assert first.returncode == 0, first
+
+    # when it runs again on that file with a wrong key (its first call is then a pull)
+    result, _ = local("pipelogiq", server.url, handler_file, "a-wrong-key-never-printed")
+
+    # then one line, no banner, the call named once: "pull: API key rejected", not "pull: pull:"
+    assert result.returncode == 2, result
+    line = one_line(result.stderr)
+    assert "refused the credential" in line and "HTTP 401" in line, line
+    assert "pull: pull:" not in line and line.count("pull:") <= 1, line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("client", "server_protocol"), [("priostack", "pipelogiq"), ("pipelogiq", "claimqueue"),
+                                                         ("claimqueue", "priostack")])
+def test_a_server_of_another_protocol_is_told_to_check_protocol(client: str, server_protocol: str,
+                                                                sandbox: Callable[..., Any],
+                                                                handler_file: Path) -> None:
+    # given a server of one protocol, its own key
+    server, _ = sandbox(server_protocol)
+    key = SECRET
+
+    # when the worker speaks another protocol to it
+    result, elapsed = local(client, server.url, handler_file, key)
+
+    # then one line asks whether it is a server of that protocol and names --protocol; exit 2
+    assert result.returncode == 2, result
+    line = one_line(result.stderr)
+    assert f"is it a {client} server? check --protocol" in line, line
+    assert elapsed < FAST and result.stdout == ""

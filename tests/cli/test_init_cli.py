@@ -55,6 +55,8 @@ def test_init_writes_a_project_whose_tests_pass(tmp_path: Path) -> None:
                  "layer/requirements.txt", "requirements.txt", ".gitignore"):
         assert (project / name).is_file(), name
     assert not list(project.rglob("*.tmpl")) and not list(project.rglob("*@*"))
+    # the state file `serverless-worker local` keeps in the project is never committed
+    assert ".serverless-worker/" in (project / ".gitignore").read_text().splitlines()
     for event in (project / "events").glob("*.json"):
         json.loads(event.read_text())
     # the layer installs the runtime by name, at this version, from the wheel in vendor/

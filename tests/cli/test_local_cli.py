@@ -146,8 +146,43 @@ def test_demo_finishes_by_itself_with_every_job_settled(protocol: str) -> None:
     assert row(out, "still in flight") == 0
     assert row(out, "handler runs") == 8            # the report ran as 3 continuation slices
     assert "created → handler start" in out and "sandbox admin history (7)" in out
+    # the two failures are listed, job id, handler, code and message, each labelled as the
+    # demo's deliberate one
+    assert "all on purpose (the demo's), listed below" in out
+    declined = re.search(r"^\s+(\S+)\s+payment-processor\s+CARD_DECLINED: the card was declined\s+"
+                         r"\[the demo's declined card, on purpose\]", out, re.MULTILINE)
+    invalid = re.search(r"^\s+(\S+)\s+payment-processor\s+VALIDATION_ERROR: payload does not match Payment",
+                        out, re.MULTILINE)
+    assert declined and invalid, out
+    assert "[the demo's invalid payment, on purpose]" in out
+    # the handler's job.log line is shown by default, with its job's id
+    assert re.search(r"INFO serverless_worker.job: job \S+ payment-processor: charged 25.00 EUR for order "
+                     r"A-1001$", result.stderr, re.MULTILINE), result.stderr
+    # the benchmark tables wait for --stats
+    assert "HTTP calls per job" not in out and "state store" not in out
+
+
+def test_stats_adds_the_http_call_and_state_store_tables() -> None:
+    # given the demo, asked for its statistics
+    result = local("--protocol", "claimqueue", "--stats")
+
+    # then the summary ends with the calls per endpoint (client, per job, sandbox) and the store's
+    assert result.returncode == 0, result
+    out = result.stdout
     assert "HTTP calls per job, by endpoint" in out
     assert re.search(r"^\s*total\s+\d+\s+\d+\.\d\d\s+\d+", out, re.MULTILINE)  # client, per job, sandbox
+    assert re.search(r"state store \(SQLite file\): \d+\.\d reads and \d+\.\d writes per job", out)
+
+
+def test_a_log_level_given_rules_job_lines_too(tmp_path: Path) -> None:
+    # given the demo with the log level set to WARNING explicitly
+    result = local("--protocol", "pipelogiq", "--log-level", "WARNING", "--handlers", "payment-processor")
+
+    # then the job.log lines stay hidden, the warnings (with their job id) still show
+    assert result.returncode == 0, result
+    assert "charged 25.00 EUR" not in result.stderr
+    assert re.search(r"WARNING serverless_worker.handler_runner: job \S+ payment-processor: bad input",
+                     result.stderr), result.stderr
 
 
 # -- a worker for a real server ------------------------------------------------------------------
@@ -348,3 +383,29 @@ def test_run_past_lease_lets_a_claim_queue_handler_run_for_its_whole_timeout(san
     assert result.returncode == 0, result.stdout + result.stderr
     assert row(result.stdout, "handler runs") == 3
     assert all(job["status"] == "finished" for job in admin.jobs()), admin.jobs()
+
+
+def test_a_second_worker_on_the_same_state_file_is_told_state_and_instance_id(sandbox: Callable[..., Any],
+                                                                             handler_file: Path) -> None:
+    # given a worker running against a server with the default state file of its directory
+    server, admin = sandbox("claimqueue")
+    args = ["--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
+            "--handler-module", str(handler_file), "--handlers", "double"]
+    first = subprocess.Popen([str(CLI), "local", *args], cwd=handler_file.parent, env=clean_env(TEST_KEY=SECRET),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: admin.stats()["calls"].get("claim", 0) > 0, timeout=60, what="the first worker's claim")
+
+        # when a second one starts in the same directory
+        second = local(*args, "--until-idle", "1", env=clean_env(TEST_KEY=SECRET), cwd=handler_file.parent,
+                       timeout=60)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+
+    # then it exits 2 in one line: a second worker needs its own file and its own instance id
+    assert second.returncode == 2, second
+    err = second.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "in use by another serverless-worker local" in err
+    assert "--state PATH --instance-id ID" in err

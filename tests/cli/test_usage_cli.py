@@ -61,3 +61,18 @@ def test_config_markdown_is_still_the_table() -> None:
     assert result.stdout.startswith("| setting | environment variable | local flag | template parameter |")
     assert result.stdout.strip() in (ROOT / "docs" / "settings.md").read_text(), \
         "docs/settings.md is stale: paste `serverless-worker config --markdown` into it"
+
+
+def test_local_help_gives_the_state_file_a_run_uses() -> None:
+    from serverless_worker.local.defaults import LOCAL_DEFAULTS
+
+    result = run("local", "--help", columns=200)
+
+    # the flag's text names the file a worker for a server keeps (the local default), and
+    # the temporary file only for the built-in demo
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert LOCAL_DEFAULTS["state_path"] == ".serverless-worker/state.sqlite3"
+    assert "Default .serverless-worker/state.sqlite3 in the working directory; the built-in demo's is a " \
+           "temporary file" in text
+    assert "Unset: a temporary file" not in text

@@ -356,7 +356,8 @@ def test_a_validation_error_inside_the_handler_is_the_handlers_bug_not_bad_input
     assert SECRET not in (outcome.message or "")
 
 
-@pytest.mark.parametrize(("value", "type_name"), [(object(), "object"), ({"x": {1, object()}}, "dict"),
+@pytest.mark.parametrize(("value", "type_name"), [(object(), "object"), ({"x": [object()]}, "dict"),
+                                                  ({"x": {1, object()}}, "set at the value['x']"),
                                                   (math.inf, "float")])
 def test_a_value_that_is_not_json_is_a_failure(value: Any, type_name: str) -> None:
     outcome = run(lambda job: value).outcome
@@ -557,3 +558,33 @@ def test_a_failing_watcher_is_not_swallowed_and_the_handler_is_told_to_stop(erro
 
     assert stopped.wait(2)
     assert seen == [True, "shutdown"]
+
+
+@pytest.mark.parametrize(("value", "where"), [
+    ({"tags": {"a", "b"}}, "set at the value['tags']"),
+    ([1, [frozenset({2})]], "frozenset at the value[1][0]"),
+    ({"user@example.com": {3}}, "set at the value[...]"),   # a key that is content is not quoted
+])
+def test_a_set_is_refused_naming_where_it_is_never_silently_a_list(value: Any, where: str) -> None:
+    outcome = run(lambda job: value).outcome
+
+    assert outcome is not None
+    assert outcome.error_code == "INVALID_RESULT" and not outcome.retryable
+    assert f"not JSON-serializable: {where}: a set has no order" in (outcome.message or "")
+    assert "user@example.com" not in (outcome.message or "")
+
+
+def test_datetimes_decimals_and_uuids_are_sent_as_documented_strings() -> None:
+    import datetime as dt
+    import uuid
+    from decimal import Decimal
+
+    when = dt.datetime(2026, 12, 5, 23, 48, 32, tzinfo=dt.UTC)
+    ident = uuid.UUID(int=7)
+    outcome = run(lambda job: {"at": when, "day": when.date(), "price": Decimal("9.99"), "id": ident,
+                               "pair": (1, 2)}).outcome
+
+    # docs/outcomes.md, "What a handler may return": ISO 8601, exact decimal strings, lists
+    assert outcome is not None and outcome.kind is OutcomeKind.SUCCESS
+    assert outcome.value == {"at": "2026-12-05T23:48:32Z", "day": "2026-12-05", "price": "9.99",
+                             "id": str(ident), "pair": [1, 2]}

@@ -63,3 +63,32 @@ def test_a_job_delivered_twice_is_one_job_with_its_last_outcome() -> None:
                         executor_errors=0, admin_created=None, client_calls={}, server_calls=None, store_ops={})
 
     assert (summary.taken, summary.done, summary.failed_total, summary.retried) == (1, 1, 0, 1)
+
+
+def test_failed_jobs_are_listed_with_code_and_message_and_the_deliberate_ones_say_so() -> None:
+    records = [
+        JobRecord(ledger_id="a:1", job_id="a", handler="pay", status=LedgerStatus.ACKNOWLEDGED,
+                  outcome=OutcomeKind.BUSINESS_ERROR, created_at=None, pulled_at=100.0, reported_at=100.5,
+                  code="CARD_DECLINED", message="the card was declined"),
+        JobRecord(ledger_id="b:1", job_id="b", handler="pay", status=LedgerStatus.ACKNOWLEDGED,
+                  outcome=OutcomeKind.FAILURE, created_at=None, pulled_at=101.0, reported_at=101.5,
+                  code="KeyError", message="x" * 300),
+        record("c", 1, created=None, pulled=102.0, reported=102.5),
+    ]
+    summary = summarize(records, protocol="priostack", seconds=1.0, handler_starts={}, handler_runs=3,
+                        executor_errors=0, admin_created=None, client_calls={"pull": 3}, server_calls=None,
+                        store_ops={"read": 3, "write": 9}, deliberate={"a": "on purpose"})
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(render_summary(summary))
+    out = console.export_text()
+
+    assert "failed (2): job id, handler, code: message" in out
+    assert "a  pay  CARD_DECLINED: the card was declined  [on purpose]" in out
+    assert "b  pay  KeyError: " + "x" * 97 + "..." in out        # clipped; the server has all of it
+    assert "1 on purpose (the demo's), listed below" in out
+    assert "  c  " not in out                                      # a success is not listed
+    # without stats, no benchmark tables; with them, both
+    assert "HTTP calls per job" not in out and "state store" not in out
+    console.print(render_summary(summary, stats=True))
+    out = console.export_text()
+    assert "HTTP calls per job, by endpoint" in out and "1.0 reads and 3.0 writes per job" in out

@@ -34,11 +34,15 @@ __all__ = ["Continue", "NotJsonSerializableError", "Result", "to_jsonable"]
 def to_jsonable(value: Any) -> Any:
     """Normalize ``value`` to plain JSON types the way pydantic does.
 
-    Models are dumped in JSON mode; datetimes, UUIDs and Decimals become strings;
-    tuples and sets become lists. NaN and infinities are rejected (JSON has none).
+    Models are dumped in JSON mode; datetimes, dates and times become ISO 8601 strings,
+    Decimals and UUIDs strings, tuples lists, enums their values (docs/outcomes.md, "What a
+    handler may return"). Refused, naming the type and where it sits: a set or frozenset
+    (it has no order, so the list it would become differs from run to run; return
+    ``sorted(...)``), NaN and infinities (JSON has none), and any type pydantic cannot dump.
     """
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
+    _refuse_unordered(value, "the value")
     try:
         normalized = to_jsonable_python(value)
         json.dumps(normalized, allow_nan=False)
@@ -49,6 +53,27 @@ def to_jsonable(value: Any) -> Any:
     except (TypeError, ValueError) as err:  # NaN/Infinity, circular references
         raise NotJsonSerializableError(f"{type(value).__name__} ({err})") from err
     return normalized
+
+
+_MAX_DEPTH = 100  # deeper than any result means a cycle; to_jsonable_python then says so
+
+
+def _refuse_unordered(value: Any, where: str, depth: int = 0) -> None:
+    """Raise :class:`NotJsonSerializableError` for a set anywhere in plain containers."""
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(value, set | frozenset):
+        raise NotJsonSerializableError(
+            f"{type(value).__name__} at {where}: a set has no order, so the JSON list it would become "
+            "differs from run to run; return a list (sorted(...))")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            # A key that looks like a field name says where; any other key is content: not quoted.
+            label = repr(key) if isinstance(key, str) and key.isidentifier() and len(key) <= 40 else "..."
+            _refuse_unordered(item, f"{where}[{label}]", depth + 1)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _refuse_unordered(item, f"{where}[{index}]", depth + 1)
 
 
 def _log_line(entry: str | ResultLog | Mapping[str, Any], now: float) -> ResultLog:

@@ -191,7 +191,8 @@ class Settings(BaseModel):
     state_path: str | None = Field(
         None, min_length=1, description="Local command: the SQLite file holding the worker's state (ledger, session, "
                           "counters); run again with the same file, a killed run's deliveries are settled. "
-                          "Unset: a temporary file, removed at the end.")
+                          "Default .serverless-worker/state.sqlite3 in the working directory; the built-in "
+                          "demo's is a temporary file, removed at the end.")
 
     def __init__(self, **values: Any) -> None:
         try:

@@ -90,14 +90,16 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> None:
                              "that queue's criteria object, e.g. '{\"format\": \"jpg\"}'")
 
 
-def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting (see :func:`flag_names`), each defaulting to "not given"."""
+def add_settings_flags(parser: argparse.ArgumentParser, only: frozenset[str] | None = None) -> None:
+    """One flag per setting (see :func:`flag_names`), each defaulting to "not given";
+    ``only``: just these settings (a command that uses a few, such as ``doctor``)."""
+    example = "--protocol is SW_PROTOCOL" if only else "--batch-size is SW_BATCH_SIZE"
     group = parser.add_argument_group(
-        "settings", "each flag is also an environment variable (--batch-size is SW_BATCH_SIZE); "
+        "settings", f"each flag is also an environment variable ({example}); "
                     "the flag wins. `serverless-worker config` lists them all.")
     for name, field in Settings.model_fields.items():
         options = flag_names(name)
-        if not options:
+        if not options or (only is not None and name not in only):
             continue
         kind = _kind(field.annotation)
         help_text = f"{(field.description or '').replace('%', '%%')} [{env_name(name)}]"

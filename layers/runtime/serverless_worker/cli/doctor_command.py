@@ -1,9 +1,11 @@
 """``serverless-worker doctor``: check settings, credential and server without taking work.
 
-The same settings and flags as ``serverless-worker local`` (a deployed stack's ``SW_*``
-environment works too); ``--smoke`` adds an end-to-end Pipelogiq pipeline. One line per
-check; exit 0 when every check passed, 1 when one failed, 2 for a usage or settings error.
-The checks themselves are in ``serverless_worker.local.doctor``.
+The server settings of ``serverless-worker local`` and only those (``DOCTOR_SETTINGS``; a
+deployed stack's ``SW_*`` environment works too); ``--smoke`` adds an end-to-end Pipelogiq
+pipeline. One line per check, worded as ``local`` words the same problem. The exit status
+is ``local``'s: 0 when every check passed, 2 when the setup is refused (a bad setting, the
+handler module, the credential, the server, its release), 1 when the smoke pipeline did
+not complete. The checks themselves are in ``serverless_worker.local.doctor``.
 
 Example::
 
@@ -16,9 +18,14 @@ import argparse
 import logging
 import sys
 
-__all__ = ["register", "run"]
+__all__ = ["DOCTOR_SETTINGS", "register", "run"]
 
 CHECK_RETRY_ATTEMPTS, CHECK_RETRY_SECONDS = 2, 5.0
+# The settings a check uses: which server, how to reach it, the credential, the handlers.
+DOCTOR_SETTINGS = frozenset({"protocol", "base_url", "api_key_secret_arn", "api_key_parameter", "handlers",
+                             "handler_module", "instance_id", "allow_insecure_http", "connect_timeout",
+                             "read_timeout"})
+EXIT_REFUSED, EXIT_SMOKE_FAILED = 2, 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--smoke-timeout", metavar="SECONDS", type=float, default=60.0,
                         help="how long the smoke pipeline may take (default 60)")
     add_worker_flags(parser)
-    add_settings_flags(parser)
+    add_settings_flags(parser, only=DOCTOR_SETTINGS)
     parser.set_defaults(handler=run)
 
 
@@ -62,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     settings, own_sandbox = build_settings(args)
     if own_sandbox:
         raise ConfigurationError("doctor checks a job server: give --url URL (or SW_BASE_URL) and its credential")
+    if args.smoke and settings.protocol != "pipelogiq":
+        raise ConfigurationError(f"--smoke works a Pipelogiq pipeline; a {settings.protocol} server has none "
+                                 "(leave --smoke out, or --protocol pipelogiq)")
 
     def client_for(settings: Settings) -> WorkerProtocol:
         # A check answers in seconds: one retry of a 5xx or lost answer, not a report's 30 s of them.
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     for check in doctor.run():
         print(f"  {check.verdict:<4}  {check.name:<10}  {check.detail}", flush=True)
     if not doctor.passed:
-        print("serverless-worker doctor: a check failed (above)", file=sys.stderr)
-        return 1
+        failed = next(check for check in doctor.checks if not check.passed)
+        print(f"serverless-worker doctor: the {failed.name} check failed (above)", file=sys.stderr)
+        return EXIT_SMOKE_FAILED if failed.name == "smoke" else EXIT_REFUSED
     return 0

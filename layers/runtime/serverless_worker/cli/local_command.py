@@ -34,6 +34,8 @@ __all__ = ["build_settings", "register", "run"]
 # Until our own sandbox listens (on a port the OS picks), the settings need some URL.
 _PLACEHOLDER_URL = "http://127.0.0.1:1"
 # Loggers that would print request bodies (delivery tokens in ledger items) at DEBUG.
+# The logger job.log writes to (serverless_worker/job.py's ``log``).
+JOB_LOGGER = "serverless_worker.job"
 _WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer", "websockets", "uvicorn", "uvicorn.error")
 
 _EPILOG = """\
@@ -63,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "what a killed run left) and, for long-running handlers only, Step Functions embedded "
                     "(moto). Without --url it works demo jobs on a built-in sandbox until idle.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stats", action="store_true",
+                        help="end the summary with the HTTP calls per job by endpoint and the state file's "
+                             "reads and writes per job (for benchmarks and tuning)")
     add_worker_flags(parser)
     add_settings_flags(parser)
     parser.set_defaults(handler=run)
@@ -76,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
     live = sys.stdout.isatty()
     console = Console(highlight=False, width=None if live else 120)
-    _configure_logging(settings.log_level, console, live)
-    status = LocalRunner(settings, own_sandbox=own_sandbox, console=console, live=live).run()
+    # job.log lines show unless a log level was asked for: then that level rules them too.
+    level_given = args.setting_log_level is not None or bool(os.environ.get(env_name("log_level"), "").strip())
+    _configure_logging(settings.log_level, console, live, job_lines=not level_given)
+    status = LocalRunner(settings, own_sandbox=own_sandbox, console=console, live=live,
+                         stats=bool(getattr(args, "stats", False))).run()
     if status == EXIT_FORCED:
         # A second Ctrl-C means now: do not wait for handler threads still running.
         sys.stdout.flush()
@@ -176,18 +184,36 @@ def _message(lines: list[str]) -> str:
     return "invalid settings:\n  " + "\n  ".join(lines)
 
 
-def _configure_logging(level: str, console: Any, live: bool) -> None:
-    """Warnings and up on the console (rich on a terminal, plain on stderr otherwise)."""
+class JobLineFormatter(logging.Formatter):
+    """A line logged for a job (``job.log``, or the runtime with the job's ``log_context``)
+    starts with the job's id and handler: ``job 1004 payment-processor: charged 25.00 EUR``."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        job_id = getattr(record, "job_id", None)
+        if job_id is not None:
+            handler = getattr(record, "handler", None)
+            who = f"job {job_id}" + (f" {handler}" if handler else "")
+            record.message = f"{who}: {record.message}"
+        return super().formatMessage(record)
+
+
+def _configure_logging(level: str, console: Any, live: bool, *, job_lines: bool = False) -> None:
+    """The level's lines on the console (rich on a terminal, plain on stderr otherwise);
+    with ``job_lines``, the handlers' ``job.log`` lines at INFO as well (the local level is
+    WARNING by default, which would hide them)."""
     handler: logging.Handler
     if live:
         from rich.logging import RichHandler
 
         handler = RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False)
+        handler.setFormatter(JobLineFormatter("%(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(JobLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    job_level = min(logging.INFO, logging.getLevelName(level)) if job_lines else logging.NOTSET
+    logging.getLogger(JOB_LOGGER).setLevel(job_level)
     for name in _WIRE_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))

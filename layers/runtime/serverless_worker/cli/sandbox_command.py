@@ -1,12 +1,15 @@
-"""``serverless-worker sandbox PROTOCOL``: serve one job-server emulator in the foreground.
+"""``serverless-worker sandbox PROTOCOL``: serve one job-server emulator in the foreground;
+``serverless-worker sandbox jobs``: read a running sandbox's jobs and their results.
 
 For trying handlers by hand against a server that behaves like the real one, and for
 the CLI tests. It prints one line (URL, admin URL, the sandbox's own credentials), then
-serves until SIGINT or SIGTERM and exits 0.
+serves until SIGINT or SIGTERM and exits 0. ``jobs`` asks its admin API (``GET
+/_admin/jobs``) and prints one line per job: id, handler, state on the server, result.
 
 Example::
 
     serverless-worker sandbox pipelogiq --port 8081 --demo --set lease_seconds=5
+    serverless-worker sandbox jobs --url http://127.0.0.1:8081
 """
 
 from __future__ import annotations
@@ -61,11 +64,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``sandbox`` subcommand."""
     parser = subparsers.add_parser(
         "sandbox",
-        help="serve a local emulator of a job server (pipelogiq, priostack, claimqueue)",
+        help="serve a local emulator of a job server (pipelogiq, priostack, claimqueue); jobs: read its results",
         description="Serve an in-memory emulator of a job server with an admin API under /_admin "
-                    "(seed jobs, read histories, inject faults, change timeouts).",
+                    "(seed jobs, read histories, inject faults, change timeouts); `sandbox jobs` reads "
+                    "a running one's jobs and results.",
     )
-    parser.add_argument("protocol", choices=list(SANDBOXES), help="which job server to emulate")
+    which = parser.add_subparsers(dest="protocol", required=True, metavar="{" + ",".join([*SANDBOXES, "jobs"]) + "}")
+    for protocol in SANDBOXES:
+        _add_serve_flags(which.add_parser(protocol, help=f"serve a {protocol} sandbox",
+                                          description=f"Serve an in-memory {protocol} job server with an admin "
+                                                      "API under /_admin."))
+    jobs = which.add_parser(
+        "jobs", help="list a running sandbox's jobs: id, handler, state, result",
+        description="Read a running sandbox's jobs through its admin API (GET /_admin/jobs): one line per "
+                    "job with its id (the handler's job.job_id), handler, state on the server and the "
+                    "result the worker reported; with JOB_ID, that job's result in full.")
+    jobs.add_argument("job_ids", nargs="*", metavar="JOB_ID", help="show only these jobs, results in full")
+    jobs.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORTS['pipelogiq']}",
+                      help="the sandbox's URL, as its start line printed it (default http://127.0.0.1:8081)")
+    jobs.add_argument("--json", action="store_true", help="the admin API's records as JSON, unabridged")
+    jobs.set_defaults(handler=run_jobs)
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, default=None,
                         help="TCP port (default: pipelogiq 8081, priostack 8082, claimqueue 8083; "
                              "0 picks a free one)")
@@ -84,6 +105,58 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="a fault that always fires, e.g. ignore_wait@pull (repeatable; the admin "
                              "API's /_admin/faults takes probabilities and counts)")
     parser.set_defaults(handler=run)
+
+
+_RESULT_MAX = 160  # a result in the list; JOB_ID shows it whole
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    """Print the sandbox's jobs (or those named), one line each; exit 2 when it cannot be read."""
+    import requests
+
+    from ..sandbox.admin import SandboxAdmin, job_view
+
+    admin = SandboxAdmin(args.url, timeout=5.0)
+    try:
+        records = admin.jobs()
+    except (requests.RequestException, ValueError, KeyError, TypeError) as err:
+        raise ConfigurationError(f"cannot read the jobs of a sandbox at {args.url} (--url): "
+                                 f"{_unreadable(err)}") from None
+    finally:
+        admin.close()
+    views = [(job_view(record), record) for record in records]
+    if args.job_ids:
+        wanted = set(args.job_ids)
+        views = [(view, record) for view, record in views if view.job_id in wanted]
+        missing = wanted - {view.job_id for view, _ in views}
+        if missing:
+            raise ConfigurationError(f"no job {', '.join(sorted(missing))} on the sandbox at {args.url}; "
+                                     "`serverless-worker sandbox jobs` lists them")
+    if args.json:
+        print(json.dumps([record for _, record in views], indent=2, default=str))
+        return 0
+    if not views:
+        print(f"no jobs on the sandbox at {args.url}")
+        return 0
+    for view, _ in views:
+        result = "-" if view.result is None else json.dumps(view.result, separators=(", ", ": "), default=str)
+        if not args.job_ids and len(result) > _RESULT_MAX:
+            result = result[:_RESULT_MAX - 3] + "..."
+        error = f"  error {view.error}" if view.error else ""
+        print(f"{view.job_id}  {view.handler}  {view.state}  result {result}{error}")
+    return 0
+
+
+def _unreadable(err: Exception) -> str:
+    import requests
+
+    if isinstance(err, requests.ConnectionError):
+        return "nothing answers there (is `serverless-worker sandbox PROTOCOL` running?)"
+    if isinstance(err, requests.HTTPError) and err.response is not None:
+        return f"its admin API answered HTTP {err.response.status_code} (is it a sandbox?)"
+    if isinstance(err, requests.Timeout):
+        return "no answer within 5 s"
+    return "the answer is not a sandbox's job list"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,10 @@
 """The built-in demo: a sandbox job server of our own on a free loopback port, seeded
 with jobs for the example handlers (functions/handlers): every outcome once.
 
+Two of those outcomes are failures on purpose (a declined card, an invalid payment): the
+sandbox tells which job ids they got (:attr:`OwnSandbox.deliberate`), so the summary
+labels them as the demo's deliberate failures instead of leaving a newcomer to wonder.
+
 The sandbox is configured to accept only this run's API key, so the demo exercises the
 same credential path as a real server (and proves the key never reaches the output).
 """
@@ -9,12 +13,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..sandbox import create_sandbox
 
-__all__ = ["DEMO_JOBS", "OwnSandbox", "demo_seeds", "job_creation_times", "new_key",
+__all__ = ["DELIBERATE_FAILURES", "DEMO_JOBS", "OwnSandbox", "demo_seeds", "job_creation_times", "new_key",
            "sandbox_credential_config"]
 
 DECLINED_CARD = "4000000000000002"  # functions/handlers/examples.py declines this card
@@ -29,6 +33,10 @@ DEMO_JOBS: dict[str, list[dict[str, Any]]] = {
     ],
     "sleepy": [{"seconds": 1.5}],
     "slow-report": [{"pages": 3}],
+}
+# handler -> index in DEMO_JOBS -> why that job fails, on purpose.
+DELIBERATE_FAILURES: dict[str, dict[int, str]] = {
+    "payment-processor": {1: "the demo's declined card, on purpose", 2: "the demo's invalid payment, on purpose"},
 }
 
 _SEED_FORMATS = {
@@ -47,9 +55,20 @@ def sandbox_credential_config(protocol: str, key: str) -> dict[str, Any]:
     return configs[protocol]
 
 
-def demo_seeds(protocol: str, handlers: Iterable[str]) -> list[dict[str, Any]]:
-    """Admin seed bodies for the demo jobs of ``handlers`` (those the demo has jobs for)."""
-    return [_SEED_FORMATS[protocol](name, DEMO_JOBS[name]) for name in handlers if name in DEMO_JOBS]
+def demo_seeds(protocol: str, handlers: Iterable[str]) -> list[tuple[dict[str, Any], str | None]]:
+    """Admin seed bodies for the demo jobs of ``handlers`` (those the demo has jobs for), each
+    with why its jobs fail on purpose (``None`` for the others): a deliberate failure is a
+    body of its own, so the ids the sandbox gives it are known."""
+    seeds: list[tuple[dict[str, Any], str | None]] = []
+    for name in handlers:
+        if name not in DEMO_JOBS:
+            continue
+        notes = DELIBERATE_FAILURES.get(name, {})
+        plain = [job for index, job in enumerate(DEMO_JOBS[name]) if index not in notes]
+        if plain:
+            seeds.append((_SEED_FORMATS[protocol](name, plain), None))
+        seeds += [(_SEED_FORMATS[protocol](name, [DEMO_JOBS[name][index]]), note) for index, note in notes.items()]
+    return seeds
 
 
 @dataclass
@@ -59,6 +78,7 @@ class OwnSandbox:
     server: Any
     protocol: str
     seeded: int = 0
+    deliberate: dict[str, str] = field(default_factory=dict)  # job id -> why it fails on purpose
 
     @property
     def url(self) -> str:
@@ -71,15 +91,22 @@ class OwnSandbox:
         sandbox = create_sandbox(protocol, **sandbox_credential_config(protocol, key))
         return cls(server=SandboxServer(sandbox).start(), protocol=protocol)
 
-    def seed(self, bodies: list[dict[str, Any]]) -> int:
+    def seed(self, seeds: list[tuple[dict[str, Any], str | None]]) -> int:
         """Create the jobs through the admin API (the sandbox's state lives on its event loop);
-        seeded when the worker is ready, so latencies measure the worker, not its start-up."""
-        from ..sandbox.admin import SandboxAdmin
+        seeded when the worker is ready, so latencies measure the worker, not its start-up.
+        The ids a body with a note created are those new after it: :attr:`deliberate`."""
+        from ..sandbox.admin import SandboxAdmin, job_id
 
         admin = SandboxAdmin(self.url)
         try:
-            for body in bodies:
+            def ids() -> set[str]:
+                return {job_id(self.protocol, job) for job in admin.jobs()}
+
+            for body, note in seeds:
+                before = ids() if note is not None else set()
                 admin.seed(body)
+                if note is not None:
+                    self.deliberate.update(dict.fromkeys(ids() - before, note))
             self.seeded = len(admin.jobs())
         finally:
             admin.close()

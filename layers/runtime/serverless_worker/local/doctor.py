@@ -34,8 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError, ProtocolError, ServerlessWorkerError
+from ..errors import (
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    ForbiddenError,
+    NotFoundError,
+    ProtocolError,
+    ServerlessWorkerError,
+    ServerUnavailableError,
+    UnsupportedServerError,
+)
 from ..outcome import Outcome, OutcomeKind
+from ..protocols._http import display_url
 from ..protocols.base import Delivery, PullRequest, WorkerIdentity, WorkerProtocol
 from ..settings import Settings
 
@@ -116,7 +127,7 @@ class Doctor:
         try:
             detail = _PROBES[self.settings.protocol](self, client)
         except ProtocolError as err:
-            return Check("server", False, f"{self.settings.base_url}: {type(err).__name__}: {err}")
+            return Check("server", False, _refused(self.settings, err, self.handler_names))
         finally:
             client.close()
         took = (time.monotonic() - started) * 1000
@@ -136,7 +147,7 @@ class Doctor:
             return _pipelogiq_smoke(client, self._identity("smoke", [self.smoke_handler]), self.smoke_handler,
                                     self.smoke_timeout)
         except ProtocolError as err:
-            return Check("smoke", False, f"{type(err).__name__}: {err}")
+            return Check("smoke", False, _refused(self.settings, err, [self.smoke_handler]))
         finally:
             client.close()
 
@@ -145,6 +156,20 @@ class Doctor:
 
         return WorkerIdentity(instance_id=f"{self.settings.instance_id}-{purpose}", handlers=handlers,
                               version=__version__)
+
+
+def _refused(settings: Settings, err: ProtocolError, handlers: list[str]) -> str:
+    """What ``local`` says of the same error on its first contact (first_contact.py): the
+    URL, the cause in words and the setting to check; never an exception's class name."""
+    from .first_contact import describe_unreachable, refusal
+
+    url = display_url(settings.base_url)
+    if isinstance(err, ServerUnavailableError):
+        return f"cannot reach the job server at {url} (--url, SW_BASE_URL): {describe_unreachable(err, settings)}"
+    if isinstance(err, AuthenticationError | ForbiddenError | BadRequestError | NotFoundError
+                  | UnsupportedServerError):
+        return str(refusal(settings, type(err), str(err), handlers or list(settings.handlers)))
+    return f"the job server at {url}: {err}"
 
 
 # -- probes: reachable, credential accepted, nothing taken ---------------------------------

@@ -102,16 +102,31 @@ def refusal(settings: Settings, cause: type[BaseException], detail: str,
         why = (f"refused access for handlers {', '.join(handlers)}; the credential is not allowed for "
                "them (--handlers, --queue)")
     elif issubclass(cause, BadRequestError | NotFoundError):
-        why = (f"rejected the requests for handlers {', '.join(handlers)}; check --handlers, --queue, "
-               "--criteria and the URL's path (--url)")
+        # The likeliest cause of a 404 on the very first call is a server of another protocol.
+        why = (f"rejected the requests for handlers {', '.join(handlers)}; is it a {settings.protocol} server? "
+               "check --protocol (pipelogiq, priostack or claimqueue), --handlers, --queue, --criteria and "
+               "the URL's path (--url)")
     else:
         why = "refused the configuration"
-    return FirstContactError(f"the job server at {url} {why}: {detail}")
+    return FirstContactError(f"the job server at {url} {why}: {_call_detail(detail)}")
+
+
+# The scheduler's step names, which it puts before a call's own error text (``pull: pull: ...``).
+_STEP_PREFIXES = ("pull:", "session:")
+
+
+def _call_detail(detail: str) -> str:
+    """A tick's error text without the scheduler's step (``pull:``, ``session:``): the
+    call's own text names the endpoint (``activate: API key rejected (HTTP 401)``)."""
+    for prefix in _STEP_PREFIXES:
+        if detail.startswith(prefix):
+            return detail.removeprefix(prefix).strip()
+    return detail
 
 
 def unsupported_detail(detail: str) -> str:
     """A tick's UnsupportedServerError text without the scheduler's ``pull:`` prefix."""
-    return detail.removeprefix("pull:").strip()
+    return _call_detail(detail)
 
 
 def _causes(err: BaseException) -> list[BaseException]:

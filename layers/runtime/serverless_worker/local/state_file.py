@@ -142,8 +142,9 @@ def _lock(file: Path) -> IO[str] | None:
         handle.close()
         raise ConfigurationError(
             f"state file {file} is in use by another serverless-worker local"
-            f"{f' (pid {holder})' if holder.isdigit() else ''}; stop it, "
-            "or give this one its own file with --state PATH") from None
+            f"{f' (pid {holder})' if holder.isdigit() else ''}; stop it, or run this one as a second worker "
+            "with its own file and name: --state PATH --instance-id ID (two workers under one instance id "
+            "take each other's session)") from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))

@@ -30,7 +30,7 @@ from ..outcome import OutcomeKind
 from ..state import FINAL_STATUSES, LedgerStatus
 from ..state.items import delivery_record
 
-__all__ = ["JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize",
+__all__ = ["FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize",
            "unsettled_reason"]
 
 _REPORTED = frozenset({LedgerStatus.REPORTED, LedgerStatus.ACKNOWLEDGED})
@@ -53,6 +53,8 @@ class JobRecord:
     reported_at: float | None
     error: str | None = None          # why it was handed back, discarded or abandoned
     unconfirmed: bool = False         # the server answered "not found" or settling was abandoned
+    code: str | None = None           # the stored outcome's error code (a failure's)
+    message: str | None = None        # and its message
 
 
 # Why a ledger item still in flight at the end has no definite outcome on the server.
@@ -92,7 +94,9 @@ def ledger_records(items: Iterable[Mapping[str, Any]]) -> list[JobRecord]:
             outcome=OutcomeKind(outcome["kind"]) if outcome else None,
             created_at=delivery.get("created_at"), pulled_at=float(delivery["pulled_at"]),
             reported_at=_reported_at(dict(attrs), status), error=attrs.get("error"),
-            unconfirmed=bool(attrs.get("unknown_to_server", False))))
+            unconfirmed=bool(attrs.get("unknown_to_server", False)),
+            code=outcome.get("error_code") if outcome else None,
+            message=outcome.get("message") if outcome else None))
     return records
 
 
@@ -112,6 +116,18 @@ def percentile(values: list[float], p: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+@dataclass(frozen=True)
+class FailedJob:
+    """A job whose last reported result is a failure: what the summary lists for it."""
+
+    job_id: str
+    handler: str
+    kind: str
+    code: str | None
+    message: str | None
+    deliberate: str | None = None   # why it fails on purpose (the demo's), else None
 
 
 @dataclass
@@ -141,6 +157,7 @@ class RunSummary:
     busy_seconds: float | None = None  # first pull to last reported result
     unsettled: dict[str, str] = field(default_factory=dict)  # job id -> why it has no definite outcome
     unusable: Counter[str] = field(default_factory=Counter)  # server answers not usable, by reason
+    failed_jobs: list[FailedJob] = field(default_factory=list)  # in the order they were pulled
 
     @property
     def failed_total(self) -> int:
@@ -157,13 +174,15 @@ def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handle
               handler_runs: int, executor_errors: int, admin_created: Mapping[str, float] | None,
               client_calls: Mapping[str, int], server_calls: Mapping[str, int] | None,
               store_ops: Mapping[str, int], unsettled: Mapping[str, str] | None = None,
-              unusable: Mapping[str, int] | None = None) -> RunSummary:
+              unusable: Mapping[str, int] | None = None,
+              deliberate: Mapping[str, str] | None = None) -> RunSummary:
     """Count jobs, not deliveries: a job delivered twice (a retry, a redelivery after a lost
     connection) is one job, and its outcome is that of its last reported delivery.
 
     ``unsettled`` (job id -> why) and ``unusable`` (reason -> answers) are what the run's
     other parts reported (``RunObserver``); the ledger's own unsettled deliveries join them,
-    a reason reported by the run taking precedence over the one the ledger's status gives."""
+    a reason reported by the run taking precedence over the one the ledger's status gives.
+    ``deliberate`` (job id -> why) marks the jobs that fail on purpose (the demo's)."""
     by_job: dict[str, list[JobRecord]] = {}
     for record in sorted(records, key=lambda r: r.pulled_at):
         by_job.setdefault(record.job_id, []).append(record)
@@ -184,12 +203,12 @@ def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handle
             summary.unsettled.setdefault(record.job_id, reason)
     summary.unusable = Counter(dict(unusable or {}))
     for deliveries in by_job.values():
-        _count_job(summary, deliveries, admin_created, handler_starts)
+        _count_job(summary, deliveries, admin_created, handler_starts, deliberate or {})
     return summary
 
 
 def _count_job(summary: RunSummary, deliveries: list[JobRecord], admin_created: Mapping[str, float] | None,
-               handler_starts: Mapping[str, float]) -> None:
+               handler_starts: Mapping[str, float], deliberate: Mapping[str, str]) -> None:
     """One job's outcome (its last reported delivery, else its last delivery) and latencies."""
     created, source = _created(deliveries[0], admin_created)
     summary.creation_sources[source] += 1
@@ -204,7 +223,11 @@ def _count_job(summary: RunSummary, deliveries: list[JobRecord], admin_created: 
         if last.outcome is OutcomeKind.SUCCESS:
             summary.done += 1
         else:
-            summary.failed[str(last.outcome.value if last.outcome else "unknown")] += 1
+            kind = str(last.outcome.value if last.outcome else "unknown")
+            summary.failed[kind] += 1
+            summary.failed_jobs.append(FailedJob(job_id=last.job_id, handler=last.handler, kind=kind,
+                                                 code=last.code, message=last.message,
+                                                 deliberate=deliberate.get(last.job_id)))
         if last.reported_at is not None:
             to_report.append(max(0.0, last.reported_at - created))
     elif deliveries[-1].status is LedgerStatus.HANDED_BACK:
@@ -229,6 +252,34 @@ _LISTED_MAX = 20  # deliveries (and answer reasons) listed one a line; the rest 
 def _printable(text: str) -> str:
     """Server-given text (job ids, error messages) with control characters escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _failed_jobs(summary: RunSummary) -> list[Any]:
+    """The failed jobs, one a line: job id, handler, code and message; the deliberate ones
+    say so, and why."""
+    from rich.text import Text
+
+    if not summary.failed_jobs:
+        return []
+    lines = [f"failed ({len(summary.failed_jobs)}): job id, handler, code: message"]
+    for job in summary.failed_jobs[:_LISTED_MAX]:
+        code = job.code or _KIND_NAMES.get(job.kind, job.kind)
+        message = _clip(job.message or "no message")
+        note = f"  [{job.deliberate}]" if job.deliberate else ""
+        lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(code)}: "
+                     f"{_printable(message)}{note}")
+    if len(summary.failed_jobs) > _LISTED_MAX:
+        lines.append(f"  ... and {len(summary.failed_jobs) - _LISTED_MAX} more")
+    deliberate = all(job.deliberate for job in summary.failed_jobs)
+    return [Text("\n".join(lines) + "\n", style="dim" if deliberate else "yellow")]
+
+
+_MESSAGE_MAX = 100  # a failure's message in the list; the job server holds all of it
+
+
+def _clip(text: str) -> str:
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= _MESSAGE_MAX else one_line[:_MESSAGE_MAX - 3] + "..."
 
 
 def _trouble(summary: RunSummary) -> list[Any]:
@@ -267,12 +318,13 @@ def _latency(values: list[float]) -> str:
     return f"p50 {_ms(percentile(values, 50))} · p95 {_ms(percentile(values, 95))} (n={len(values)})"
 
 
-def render_summary(summary: RunSummary) -> Any:
-    """The summary as rich renderables (two tables), for ``Console.print``."""
+def render_summary(summary: RunSummary, *, stats: bool = False) -> Any:
+    """The summary as rich renderables, for ``Console.print``: the jobs table, the failed
+    jobs, what has no definite outcome; with ``stats`` (``local --stats``) also the HTTP
+    calls per job by endpoint and the state store's reads and writes per job."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
     jobs = Table(title=f"serverless-worker local · {summary.protocol} · {summary.seconds:.1f} s",
                  box=box.SIMPLE_HEAD, show_header=True, title_justify="left")
@@ -285,7 +337,11 @@ def render_summary(summary: RunSummary) -> Any:
                               for kind, n in sorted(summary.failed.items()))
     jobs.add_row("taken", str(summary.taken), rate)
     jobs.add_row("done", str(summary.done), "succeeded, result reported")
-    jobs.add_row("failed", str(summary.failed_total), failed_detail or "result reported")
+    on_purpose = sum(1 for job in summary.failed_jobs if job.deliberate)
+    if on_purpose:
+        failed_detail += f" · {'all' if on_purpose == summary.failed_total else on_purpose} on purpose (the demo's)"
+    jobs.add_row("failed", str(summary.failed_total),
+                 f"{failed_detail}, listed below" if failed_detail else "result reported")
     jobs.add_row("retried", str(summary.retried),
                  f"deliveries beyond a job's first ({summary.deliveries} deliveries in all)")
     jobs.add_row("handed back", str(summary.handed_back), "returned unstarted, no attempt used")
@@ -307,6 +363,18 @@ def render_summary(summary: RunSummary) -> Any:
             jobs.add_row(f"{origin} → result reported", "", _latency(to_report))
     sources = ", ".join(f"{source} ({n})" for source, n in summary.creation_sources.most_common())
     jobs.add_row("job creation time from", "", sources or "-")
+    parts: list[Any] = [jobs, *_failed_jobs(summary), *_trouble(summary)]
+    if stats:
+        parts += _stats(summary)
+    return Group(*parts)
+
+
+def _stats(summary: RunSummary) -> list[Any]:
+    """HTTP calls per job by endpoint (the client's count and the sandbox's) and the state
+    store's operations per job: for benchmarks and tuning, not for every run."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
 
     calls = Table(title="HTTP calls per job, by endpoint", box=box.SIMPLE_HEAD, title_justify="left")
     calls.add_column("endpoint", style="bold")
@@ -326,10 +394,10 @@ def render_summary(summary: RunSummary) -> Any:
     if summary.server_calls is not None:
         total_row.append(str(sum(summary.server_calls.values())))
     calls.add_row(*total_row, style="bold")
-    parts: list[Any] = [jobs, *_trouble(summary), calls]
+    parts: list[Any] = [calls]
     ops = summary.store_ops
     if ops and summary.taken:
         reads, writes = ops.get("read", 0) / summary.taken, ops.get("write", 0) / summary.taken
         parts.append(Text(f"state store (SQLite file): {reads:.1f} reads and {writes:.1f} writes "
                           "per job", style="dim"))
-    return Group(*parts)
+    return parts

@@ -131,8 +131,9 @@ class LocalRunner:
     """
 
     def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
-                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS) -> None:
+                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False) -> None:
         self.settings = settings
+        self.stats = stats  # the summary's HTTP-call and state-store tables (--stats)
         self.ledger_retention_seconds = ledger_retention_seconds
         self.own_sandbox = own_sandbox
         self.console = console
@@ -157,6 +158,7 @@ class LocalRunner:
         self._recovered = RecoveryReport()
         self._server_note: str | None = None  # the state file served another server until now
         self._dispatcher: LocalDispatcher | None = None  # set by _build; told when a stop is requested
+        self._intro: list[str] = []   # the banner and start-up notes, printed once the server let us in
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -176,18 +178,20 @@ class LocalRunner:
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
             if sandbox is not None:
                 sandbox.seed(demo_seeds(self.settings.protocol, names))
-            self._banner(sandbox, aws, names, dispatcher.concurrency)
+            # The banner waits for the first contact: a server that refuses it gets one line
+            # instead (first_contact.refusal), not a banner that promised a run.
+            self._intro = self._banner(sandbox, aws, names, dispatcher.concurrency)
             if self._server_note:
-                self.console.print(f"  {self._server_note}", highlight=False, markup=False, soft_wrap=True)
+                self._intro.append(f"  {self._server_note}")
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
             # Ctrl-C, a stop, unfit handlers) are cleared, as `drain --resume` clears them.
             resume_pulling(services)
             self._recovered = recover(services)
             if self._recovered.total:
-                self.console.print(
+                self._intro.append(
                     f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
                     f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
-                    "settled without running again", highlight=False, markup=False)
+                    "settled without running again")
             progress = Progress(self.console, live=self.live)  # started once the first contact went through
             cleanup.callback(progress.stop)
             held = HeldLogs().attach(logging.getLogger().handlers)
@@ -208,7 +212,7 @@ class LocalRunner:
                 return EXIT_INCOMPLETE
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
-            self.console.print(render_summary(summary))
+            self.console.print(render_summary(summary, stats=self.stats))
             if self._swept:
                 self.console.print(f"({self._swept} settled items older than "
                                    f"{self.ledger_retention_seconds} s were swept from the state file; "
@@ -271,7 +275,7 @@ class LocalRunner:
         return services, aws, scheduler, dispatcher
 
     def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws | None, names: list[str],
-                concurrency: int) -> None:
+                concurrency: int) -> list[str]:
         settings = self.settings
         if sandbox is not None:
             where = (f"{settings.protocol} sandbox (built in) at {sandbox.url}, "
@@ -291,8 +295,14 @@ class LocalRunner:
             f"  state: SQLite {state} · {machine}",
             f"  {stop}",
         ]
-        for line in lines:
-            self.console.print(line, highlight=False, markup=False)
+        return lines
+
+    def _print_intro(self) -> None:
+        """The banner and what start-up found, once the server let us in (or a stop came first)."""
+        for line in self._intro:
+            # The server note names a URL and a path: never wrapped mid-way.
+            self.console.print(line, highlight=False, markup=False, soft_wrap=line == f"  {self._server_note}")
+        self._intro = []
 
     def _forget(self, keys: list[str]) -> None:
         """Swept ledger items: their handler starts are no longer needed for the summary."""
@@ -314,6 +324,7 @@ class LocalRunner:
             # Nothing was taken and the server refused us: no draining flag, no shutdown call.
             ticker.join(self._tick_timeout)
             return False
+        self._print_intro()
         held.release()
         progress.start()
         progress.phase("working")
@@ -576,7 +587,8 @@ class LocalRunner:
                          handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
                          admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
                          store_ops=dict(services.store.ops), unsettled=observer.unsettled_deliveries(),
-                         unusable=observer.unusable_answers())
+                         unusable=observer.unusable_answers(),
+                         deliberate=sandbox.deliberate if sandbox is not None else None)
 
     def _exit_status(self, summary: RunSummary, forced: bool) -> int:
         stop = self._stop

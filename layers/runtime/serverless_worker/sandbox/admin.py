@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 import requests
 
-__all__ = ["SandboxAdmin", "job_id", "server_state"]
+__all__ = ["JobView", "SandboxAdmin", "job_id", "job_view", "server_state"]
 
 
 def job_id(protocol: str, job: dict[str, Any]) -> str:
@@ -24,6 +26,38 @@ def server_state(protocol: str, job: dict[str, Any]) -> str:
     if job["status"] == "finished" and isinstance(job.get("result"), dict) and "error" in job["result"]:
         return "error"
     return str(job["status"])
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job of ``SandboxAdmin.jobs()`` as a user reads it, whichever sandbox: the id the
+    handler saw, the handler, its state on the server, and what the worker sent back."""
+
+    job_id: str
+    handler: str
+    state: str
+    result: Any = None      # the result the worker reported (Priostack: the process variables)
+    error: str | None = None
+
+
+def job_view(job: dict[str, Any]) -> JobView:
+    """A record of any sandbox's ``GET /_admin/jobs`` as a :class:`JobView` (each sandbox
+    names its fields its own way: Pipelogiq ``job_id``, Priostack ``key``, claim queue ``id``)."""
+    if "stageName" in job:  # Pipelogiq: a stage; its output is the result's JSON text
+        output = job.get("output")
+        try:
+            result = json.loads(output) if isinstance(output, str) else output
+        except ValueError:
+            result = output
+        return JobView(job_id("pipelogiq", job), str(job.get("handler")),
+                       server_state("pipelogiq", job), result, job.get("errorCode"))
+    if "key" in job:  # Priostack: a completion merges its variables into the process instance's
+        instance = job.get("instance") or {}
+        state = server_state("priostack", job)
+        return JobView(job_id("priostack", job), str(job.get("type")), state,
+                       instance.get("variables") if state == "completed" else None, job.get("error_message"))
+    return JobView(job_id("claimqueue", job), str(job.get("queue")), server_state("claimqueue", job),
+                   job.get("result"), job.get("error"))
 
 
 class SandboxAdmin:
