@@ -94,7 +94,9 @@ test: venv ## run every test tier in parallel (installs DynamoDB Local first whe
 # The deployed tier (tests/deployed, which `make test` never collects): sam build, the three
 # sandboxes on loopback, a plain `sam deploy` of template.yaml per protocol into LocalStack,
 # every protocol worked on the stack's own schedule, the long-running path, the failure paths,
-# a log scan for secrets and `sam delete`; it ends with the `deployed tier:` line. LocalStack
+# a log scan for secrets and `sam delete`; beside them, the project `serverless-worker init`
+# writes, built and deployed as its README says, works its jobs on its own schedule. It ends
+# with the `deployed tier:` and `init stack:` lines. LocalStack
 # is AWS_ENDPOINT_URL when set (LocalStack's container), else the shared host script beside
 # this repository (LOCALSTACK_HOST), started and stopped by the run. About 10 minutes.
 LOCALSTACK_HOST ?= $(abspath $(CURDIR)/..)/shared/tools/localstack-host.sh
@@ -178,11 +180,12 @@ sam-build: sam-venv ## sam build for ARCHITECTURE (x86_64 or arm64) with python3
 	$(PYTHON) scripts/check_bytecode.py --architecture $(ARCHITECTURE) .aws-sam/build
 
 # sam build, then `sam local invoke` of every function with each of its events/ files in a
-# Lambda container, checking the outcome (scripts/sam_local_invoke.py says what). Machines
+# Lambda container, checking the outcome (scripts/sam_local_invoke.py says what); then the
+# same for the executor and scheduler of the project `serverless-worker init` writes. Machines
 # without Docker get podman through the shared shim beside this repository; set
 # SAM_LOCAL_PODMAN= (empty) to use a Docker engine that is already running instead.
 SAM_LOCAL_PODMAN ?= $(abspath $(CURDIR)/..)/shared/tools/sam-local-podman.sh
-sam-local-invoke: venv sam-venv ## sam build + sam local invoke every function with its events (container)
+sam-local-invoke: venv sam-venv ## sam build + sam local invoke every function with its events, and the init project's (container)
 	SAM_LOCAL_PODMAN="$(SAM_LOCAL_PODMAN)" $(VENV)/bin/python scripts/sam_local_invoke.py \
 		--sam $(SAM) --sam-python $(SAM_VENV)/bin/python
 

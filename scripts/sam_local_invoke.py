@@ -18,8 +18,16 @@ project's one clear error, never a botocore traceback:
 - ``misconfigured`` pass: ``BaseUrl=http://jobs.example.com`` (plain http off loopback):
   every function fails with ``ConfigurationError`` naming ``SW_BASE_URL``.
 
+The project ``serverless-worker init`` writes gets the same treatment, as a user's would:
+it is written into a temporary directory and built with ``sam build`` while the stack above
+builds and runs, then its executor (both passes) and its scheduler (valid pass) are invoked
+in the same engine session, from the wheel its ``vendor/`` holds.
+
 The containers get placeholder AWS credentials and a closed loopback port as their AWS
-endpoint (``AwsEndpointUrl``), so a run never sends anything towards AWS.
+endpoint, so a run never sends anything towards AWS. Both templates set
+``AWS_ENDPOINT_URL`` from ``AwsEndpointUrl`` through ``Fn::If``, which ``sam local`` leaves
+unresolved (it passes such a variable as an empty string, and boto3 then calls AWS), so
+the endpoint goes in through ``--env-vars`` as well, which overrides a declared variable.
 
 Usage (the Makefile passes these)::
 
@@ -33,9 +41,12 @@ import importlib
 import json
 import os
 import pkgutil
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +58,16 @@ PODMAN_SOCKET = "unix:///run/podman/podman.sock"
 HOST_JOB_SERVER = "http://127.0.0.1:8081"
 MISCONFIGURED_JOB_SERVER = "http://jobs.example.com"
 PLACEHOLDER_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:sam-local-placeholder"
-# Every AWS call of the functions goes here (the AwsEndpointUrl parameter): a closed port on
+# Every AWS call of the functions goes here (AWS_ENDPOINT_URL, by --env-vars): a closed port on
 # the container's own loopback, so each is refused at once and none is sent towards AWS.
 CLOSED_AWS_ENDPOINT = "http://127.0.0.1:9"
 INVOKE_TIMEOUT = 240
 # The Lambda runtime of template.yaml: the podman shim builds that image.
 LAMBDA_PYTHON_VERSION = "3.13"
+# The init project's invocations: (scenario, function, its sample event in the project).
+INIT_CASES = (("valid", "ExecutorFunction", "events/executor.json"),
+              ("valid", "SchedulerFunction", "events/scheduler.json"),
+              ("misconfigured", "ExecutorFunction", "events/executor.json"))
 
 
 @dataclass
@@ -104,11 +119,58 @@ def functions_and_events() -> list[tuple[str, Path]]:
 Completed = subprocess.CompletedProcess[str]
 
 
-def run(cmd: list[str], *, env: dict[str, str], timeout: float) -> tuple[Completed, float]:
+def run(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Path = ROOT) -> tuple[Completed, float]:
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
     return proc, time.monotonic() - started
+
+
+def endpoint_env_vars(directory: Path) -> Path:
+    """The ``--env-vars`` file that sets every function's AWS_ENDPOINT_URL to the closed port."""
+    path = directory / "aws-endpoint-env.json"
+    path.write_text(json.dumps({"Parameters": {"AWS_ENDPOINT_URL": CLOSED_AWS_ENDPOINT}}))
+    return path
+
+
+def build_init_project(sam: str, parent: Path, env: dict[str, str]) -> tuple[Path, float]:
+    """``serverless-worker init`` into ``parent``, then ``sam build`` there as its README says
+    (the layer from the wheel in its vendor/, with the python3.13 of PYTHON on the PATH).
+    Returns the project and the time both took; raises with the output when one fails."""
+    project = parent / "sw-local-app"
+    command = shutil.which("serverless-worker", path=str(Path(sys.executable).parent)) or "serverless-worker"
+    started = time.monotonic()
+    proc, _ = run([command, "init", str(project)], env=env, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"serverless-worker init failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    python = os.environ.get("PYTHON") or shutil.which("python3.13")
+    build_env = dict(env)
+    if python:
+        build_env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
+    proc, _ = run([sam, "build"], env=build_env, timeout=900, cwd=project)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sam build of the init project failed: {proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return project, time.monotonic() - started
+
+
+def invoke_init_project(sam: str, project: Path, env: dict[str, str], errors: set[str],
+                        env_vars: Path) -> list[Outcome]:
+    """The init project's functions in a container, checked as the stack's are."""
+    outcomes = []
+    for scenario, function, event in INIT_CASES:
+        base_url = HOST_JOB_SERVER if scenario == "valid" else MISCONFIGURED_JOB_SERVER
+        cmd = [sam, "local", "invoke", function, "-e", event, "--skip-pull-image", "--parameter-overrides",
+               f"BaseUrl={base_url}", f"ApiKeySecretArn={PLACEHOLDER_SECRET}",
+               f"AwsEndpointUrl={CLOSED_AWS_ENDPOINT}", "--env-vars", str(env_vars)]
+        proc, seconds = run(cmd, env=env, timeout=INVOKE_TIMEOUT, cwd=project)
+        ok, summary = check(function, scenario, proc, errors)
+        label = f"init {function}"
+        outcomes.append(Outcome(label, Path(event).name, scenario, seconds, ok, summary))
+        print(f"{'ok  ' if ok else 'FAIL'} {scenario:13} {label:22} {Path(event).name:29} "
+              f"{seconds:5.1f} s  {summary}", flush=True)
+        if not ok:
+            print(proc.stderr[-4000:], file=sys.stderr)
+    return outcomes
 
 
 def sam_env(docker_host: str | None) -> dict[str, str]:
@@ -167,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("SAM_LOCAL_PODMAN", str(DEFAULT_PODMAN_SCRIPT)),
                         help="the podman shim; an empty value uses the Docker engine already running")
     parser.add_argument("--skip-build", action="store_true")
+    parser.add_argument("--skip-init-project", action="store_true",
+                        help="invoke only template.yaml's functions, not those of the project `init` writes")
     args = parser.parse_args(argv)
 
     podman = Path(args.podman_script) if args.podman_script else None
@@ -180,7 +244,27 @@ def main(argv: list[str] | None = None) -> int:
     env = sam_env(PODMAN_SOCKET if podman is not None else os.environ.get("DOCKER_HOST"))
     timings: dict[str, float] = {}
     outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="sw-sam-local-init-") as scratch, ThreadPoolExecutor(1) as background:
+        # The init project builds while the stack builds and the engine starts.
+        init_build = None if args.skip_init_project else background.submit(
+            build_init_project, os.path.abspath(args.sam), Path(scratch), env)
+        env_vars = endpoint_env_vars(Path(scratch))
+        status = invoke_all(args, podman, env, errors, pairs, init_build, env_vars, timings, outcomes)
+    if status is not None:
+        return status
+    failed = [o for o in outcomes if not o.ok]
+    total = sum(o.seconds for o in outcomes)
+    print(f"sam local invoke: {len(outcomes) - len(failed)}/{len(outcomes)} ok in {total:.0f} s "
+          f"({total / max(1, len(outcomes)):.1f} s each)"
+          + "".join(f"; {name} {seconds:.0f} s" for name, seconds in timings.items()))
+    return 1 if failed else 0
 
+
+def invoke_all(args: argparse.Namespace, podman: Path | None, env: dict[str, str], errors: set[str],
+               pairs: list[tuple[str, Path]], init_build: Future[tuple[Path, float]] | None, env_vars: Path,
+               timings: dict[str, float], outcomes: list[Outcome]) -> int | None:
+    """Build, start the engine, invoke everything into ``outcomes``; an exit status if a step
+    before the invocations failed, else None."""
     if not args.skip_build:
         proc, timings["sam build"] = run([args.sam, "build"], env=env, timeout=900)
         print(f"sam build: {timings['sam build']:.1f} s", flush=True)
@@ -205,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [args.sam, "local", "invoke", function, "-e", str(event.relative_to(ROOT)),
                        "--skip-pull-image", "--parameter-overrides", f"BaseUrl={base_url}",
                        f"ApiKeySecretArn={PLACEHOLDER_SECRET}", "PollWindowSeconds=2",
-                       f"AwsEndpointUrl={CLOSED_AWS_ENDPOINT}"]
+                       f"AwsEndpointUrl={CLOSED_AWS_ENDPOINT}", "--env-vars", str(env_vars)]
                 proc, seconds = run(cmd, env=env, timeout=INVOKE_TIMEOUT)
                 ok, summary = check(function, scenario, proc, errors)
                 outcomes.append(Outcome(function, event.name, scenario, seconds, ok, summary))
@@ -213,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{seconds:5.1f} s  {summary}", flush=True)
                 if not ok:
                     print(proc.stderr[-4000:], file=sys.stderr)
+        if init_build is not None:
+            try:
+                project, timings["init project: init + sam build"] = init_build.result()
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+                print(f"FAIL init project: {err}", file=sys.stderr)
+                outcomes.append(Outcome("init", "-", "build", 0.0, False, str(err)[:200]))
+            else:
+                outcomes += invoke_init_project(os.path.abspath(args.sam), project, env, errors, env_vars)
     finally:
         if podman is not None:
             # sam rebuilds the image of a template-local layer on every invoke; drop the untagged ones.
@@ -220,13 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                            capture_output=True, timeout=300)
             subprocess.run(["bash", str(podman), "stop"], cwd=ROOT, env=env, check=False, timeout=120)
             print("podman stopped", flush=True)
-
-    failed = [o for o in outcomes if not o.ok]
-    total = sum(o.seconds for o in outcomes)
-    print(f"sam local invoke: {len(outcomes) - len(failed)}/{len(outcomes)} ok in {total:.0f} s "
-          f"({total / max(1, len(outcomes)):.1f} s each)"
-          + "".join(f"; {name} {seconds:.0f} s" for name, seconds in timings.items()))
-    return 1 if failed else 0
+    return None
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ started here and stopped at the end. Lambda containers use the host's network, s
 functions reach the sandboxes at 127.0.0.1.
 
 The session fixture seeds the short-path jobs before the deploy, so the first scheduled
-tick finds them; the tests then run in file order against the same three stacks.
+tick finds them; the tests then run in file order against the same three stacks. Beside
+them, at no extra wait, the project ``serverless-worker init`` writes is built (while the
+main stack builds) and deployed (while the main stacks deploy) as its README says
+(init_project.py), with its own sandbox and jobs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -31,6 +35,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aws"))  # aws.test_short_path imports e2e_support
 
 from aws.conftest import Env
+from deployed.init_project import (
+    GREETINGS,
+    INIT_FUNCTIONS,
+    INIT_PROTOCOL,
+    InitStack,
+    build_init_project,
+    init_parameters,
+)
 from deployed.localstack import REGION, ROOT, DeployedStack, Sam, clients
 from reliability.test_secrets import MARK, _Tokens
 from serverless_worker.sandbox import create_sandbox
@@ -79,6 +91,7 @@ class Tier:
     schedule_ticks: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     dlq_sent_at: float = 0.0
+    init: InitStack | None = None
 
     def line(self, ok: bool) -> str:
         def outcomes(p: str) -> str:
@@ -89,8 +102,20 @@ class Tier:
         extra = f"; {'; '.join(self.notes)}" if self.notes else ""
         return (f"deployed tier: {'passed' if ok else 'FAILED'}: {per or 'no jobs checked'}; "
                 f"ticks from the schedule: {ticks or 'none seen'}; build {self.build_seconds:.0f} s, "
-                f"deploy {self.deploy_seconds:.0f} s (3 stacks at once), "
+                f"deploy {self.deploy_seconds:.0f} s (3 stacks and the init stack at once), "
                 f"tier {time.monotonic() - self.started:.0f} s{extra}")
+
+    def init_line(self, ok: bool) -> str:
+        init = self.init
+        if init is None:
+            return "init stack: FAILED before it was built"
+        jobs = ", ".join(f"{state} {n}" for state, n in sorted(init.jobs.items()))
+        extra = f"; {'; '.join(init.notes)}" if init.notes else ""
+        return (f"init stack: {'passed' if ok else 'FAILED'}: {INIT_PROTOCOL} "
+                f"{sum(init.jobs.values())} jobs ({jobs or 'none checked'}); "
+                f"ticks from the schedule: {init.schedule_ticks or 'none seen'}; "
+                f"init + sam build {init.build_seconds:.0f} s (beside the main build), "
+                f"deploy {init.stack.deploy_seconds if init.env else 0:.0f} s (beside the main stacks){extra}")
 
 
 def _localstack_script() -> Path:
@@ -160,7 +185,11 @@ def tier(localstack: str) -> Iterator[Tier]:
     servers: list[SandboxServer] = []
     stacks: dict[str, DeployedStack] = {}
     tier_: Tier | None = None
+    init_dir = tempfile.TemporaryDirectory(prefix="sw-deployed-init-")
+    background = ThreadPoolExecutor(1)
     try:
+        # The init project builds while the main stack does.
+        init_build = background.submit(build_init_project, sam, Path(init_dir.name), f"sw-init-{run}")
         build_seconds = sam.build()
         clients("s3").create_bucket(Bucket=sam.bucket)
         envs: dict[str, Env] = {}
@@ -179,20 +208,43 @@ def tier(localstack: str) -> Iterator[Tier]:
         tier_ = Tier(sam=sam, envs=envs, stacks=stacks, secrets=keys, tokens=tokens, started=started,
                      build_seconds=build_seconds)
 
+        init = tier_.init = init_build.result()
+        key = f"{MARK}-init-key-{secrets.token_hex(8)}"
+        keys.append(key)
+        server = _sandbox(INIT_PROTOCOL, key)
+        servers.append(server)
+        name = init.project.name  # the README names the stack after the project
+        init_stack = DeployedStack(name=name, protocol=INIT_PROTOCOL, functions=INIT_FUNCTIONS,
+                                   parameters=init_parameters(name, server.url, key))
+        init.env = Env(INIT_PROTOCOL, server, SandboxAdmin(server.url), init_stack)  # type: ignore[arg-type]
+        init.topic_arn = init_stack.parameters["AlarmTopicArn"]
+        init.env.seed("greet", GREETINGS)  # before the deploy, as for the main stacks
+        templates = {init_stack.name: init.template}
+
         def deploy(stack: DeployedStack) -> None:
-            stack.deploy_seconds = sam.deploy(stack.name, stack.parameters)
+            stack.deploy_seconds = sam.deploy(stack.name, stack.parameters, templates.get(stack.name))
             stack.load_outputs()
 
         deploy_started = time.monotonic()
-        with ThreadPoolExecutor(len(stacks)) as pool:
-            for future in [pool.submit(deploy, s) for s in stacks.values()]:
+        every = [*stacks.values(), init_stack]
+        with ThreadPoolExecutor(len(every)) as pool:
+            for future in [pool.submit(deploy, s) for s in every]:
                 future.result()
         tier_.deploy_seconds = time.monotonic() - deploy_started
         yield tier_
     finally:
         if tier_ is not None:
             _FINISHED.append(tier_)
-        for stack in stacks.values():  # whatever test_sam_delete did not remove
+        background.shutdown(wait=True)
+        leftover = list(stacks.values())
+        if tier_ is not None and tier_.init is not None and tier_.init.env is not None:
+            if tier_.init.delete is not None:
+                try:
+                    tier_.init.delete.result(timeout=600)
+                except Exception as err:  # the test reports it; below, the delete is tried again
+                    print(f"teardown: the init stack's sam delete: {err}")
+            leftover.append(tier_.init.stack)
+        for stack in leftover:  # whatever the sam delete tests did not remove
             try:
                 clients("cloudformation").describe_stacks(StackName=stack.name)
             except Exception:
@@ -204,6 +256,7 @@ def tier(localstack: str) -> Iterator[Tier]:
         for server in servers:
             server.stop()
         pipelogiq_sandbox.secrets = original_secrets
+        init_dir.cleanup()
 
 
 _FINISHED: list[Tier] = []
@@ -218,8 +271,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not _FINISHED:
         return
     stats = terminalreporter.stats
-    ok = not stats.get("failed") and not stats.get("error") and bool(stats.get("passed"))
-    line = _FINISHED[-1].line(ok)
+
+    def passed(init: bool) -> bool:
+        """Every test of the main stacks (or of the init stack) passed, and one at least; a
+        fixture error (no node id of either kind) fails both."""
+        def reports(outcome: str) -> list[Any]:
+            return [r for r in stats.get(outcome, []) if init is ("test_init_stack" in getattr(r, "nodeid", ""))]
+
+        return bool(reports("passed")) and not reports("failed") and not stats.get("error")
+
+    lines = [_FINISHED[-1].line(passed(init=False)), _FINISHED[-1].init_line(passed(init=True))]
     SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)
-    SUMMARY_PATH.write_text(line + "\n")
-    terminalreporter.write_line(line)
+    SUMMARY_PATH.write_text("".join(line + "\n" for line in lines))
+    for line in lines:
+        terminalreporter.write_line(line)

@@ -63,14 +63,15 @@ class Sam:
     bucket: str
     log_dir: Path
 
-    def run(self, args: list[str], log_name: str, timeout: float = 900) -> float:
-        """Run ``sam ARGS``; its output goes to log_dir/log_name. Returns the wall time."""
+    def run(self, args: list[str], log_name: str, timeout: float = 900, *, cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> float:
+        """Run ``sam ARGS`` in ``cwd``; its output goes to log_dir/log_name. Returns the wall time."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / log_name
         started = time.monotonic()
         with log.open("w") as out:
-            proc = subprocess.run([self.sam, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout, check=False)
+            proc = subprocess.run([self.sam, *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=timeout, check=False, env=env)
         took = time.monotonic() - started
         if proc.returncode != 0:
             tail = "\n".join(log.read_text().splitlines()[-40:])
@@ -83,10 +84,12 @@ class Sam:
         install_test_handlers(self.build_dir)
         return took
 
-    def deploy(self, stack_name: str, parameters: dict[str, str]) -> float:
+    def deploy(self, stack_name: str, parameters: dict[str, str], template: Path | None = None) -> float:
+        """``sam deploy`` of the built ``template`` (the main stack's by default)."""
         # SAM splits overrides at spaces unless the value is quoted (rate(1 minute)).
         overrides = [f'{key}="{value}"' if " " in value else f"{key}={value}" for key, value in parameters.items()]
-        return self.run(["deploy", "--template-file", str(self.build_dir / "template.yaml"),
+        template = template or self.build_dir / "template.yaml"
+        return self.run(["deploy", "--template-file", str(template),
                          "--stack-name", stack_name, "--s3-bucket", self.bucket, "--s3-prefix", stack_name,
                          "--capabilities", "CAPABILITY_IAM", "--region", REGION, "--no-confirm-changeset",
                          "--no-fail-on-empty-changeset", "--parameter-overrides", *overrides],
@@ -107,6 +110,7 @@ class DeployedStack:
     parameters: dict[str, str]
     outputs: dict[str, str] = field(default_factory=dict)
     deploy_seconds: float = 0.0
+    functions: tuple[str, ...] = _FUNCTIONS  # the logical ids of its functions
 
     def __post_init__(self) -> None:
         self.dynamodb = clients("dynamodb")
@@ -154,7 +158,7 @@ class DeployedStack:
 
     def log_groups(self) -> list[str]:
         """Every function's log group (LocalStack writes to /aws/lambda/<function>)."""
-        names = [self.outputs[f"{fn}Name"] for fn in _FUNCTIONS]
+        names = [self.outputs[f"{fn}Name"] for fn in self.functions]
         return [f"/aws/lambda/{name}" for name in names]
 
 

@@ -1,9 +1,11 @@
 """The real stack in LocalStack: short jobs of every protocol on the stack's own schedule,
 the long-running path on LocalStack's Step Functions interpreter, the failure paths as
 deployed (dead-letter queue, drain, a redeploy while jobs run, `sam delete`), and no
-secret in any function's logs. The tests run in file order against the session's stacks
-(conftest.py); outcomes are read on both sides, the sandbox's own history and the ledger
-in LocalStack's table, with the AWS tier's helpers.
+secret in any function's logs. Beside them, the project `serverless-worker init` writes,
+deployed as its README says: its jobs on its schedule, its alarms, its logs, `sam delete`.
+The tests run in file order against the session's stacks (conftest.py); outcomes are read
+on both sides, the sandbox's own history and the ledger in LocalStack's table, with the AWS
+tier's helpers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -23,9 +26,11 @@ from aws.test_short_path import (
     _check_pipelogiq_outcomes,
     _check_priostack_outcomes,
     _handler_of,
+    _only_result,
     _terminal,
 )
 from deployed.conftest import PROTOCOLS, Tier
+from deployed.init_project import INIT_PROTOCOL, InitStack
 from deployed.localstack import DeployedStack, clients, log_lines
 from reliability.invariants import FINAL_STATES, check, observe
 from serverless_worker.outcome import OutcomeKind
@@ -169,6 +174,75 @@ def test_long_running_path(tier: Tier) -> None:
     tier.jobs.setdefault("pipelogiq", Counter()).update(s.lower() for s in finals)
 
 
+# -- 2b. the project `serverless-worker init` writes, deployed beside the main stacks -------------
+# Checked after the long-running path: by then its first tick has ended and its log lines are in.
+def _init(tier: Tier) -> InitStack:
+    assert tier.init is not None and tier.init.env is not None, "the init stack was not deployed"
+    return tier.init
+
+
+def test_init_stack_works_its_jobs_on_the_schedule(tier: Tier) -> None:
+    """Its example handler's two jobs, seeded before the deploy, worked by scheduled ticks only:
+    the greeting completes with its result, the rejection is reported as such, never retried."""
+    init = _init(tier)
+    env, stack = init.env, init.stack
+    wait_for(lambda: all(_terminal(INIT_PROTOCOL, j) for j in env.admin.jobs()), SCHEDULE_WAIT,
+             "[init] both greet jobs settled by scheduled ticks")
+    # LocalStack writes a function's log lines when its invocation ends, and a tick pulls for
+    # its whole poll window (50 s by default): usually over by now, else waited for.
+    seen = wait_for(lambda: ticks(stack) or None, 120, "[init] the scheduler's tick log lines")
+    assert seen["schedule"] >= 1 and seen["direct"] == 0, seen
+    init.schedule_ticks = seen["schedule"]
+
+    jobs = {json.loads(j["input"])["name"]: j for j in env.admin.jobs()}
+    assert sorted(jobs) == ["Ada", "nobody"], jobs
+    ada, nobody = jobs["Ada"], jobs["nobody"]
+    assert ada["status"] == "Completed" and json.loads(ada["output"]) == {"greeting": "Hello, Ada!"}, ada
+    assert len(results(INIT_PROTOCOL, ada)) == 1, ada
+    rejection = _only_result(INIT_PROTOCOL, nobody)
+    assert (rejection["isSuccess"], rejection["retryable"], rejection["errorCode"]) == (
+        False, False, "BUSINESS_REJECTED"), rejection
+    assert json.loads(rejection["result"]) == {"code": "NO_ONE_TO_GREET", "message": "there is nobody to greet",
+                                               "variables": {"greeted": False}}, rejection
+    assert nobody["status"] == "Failed" and nobody["failures"] == 1, nobody
+
+    wait_for(lambda: [i for i in ledger(env) if i.status is LedgerStatus.ACKNOWLEDGED][1:], 30,
+             "[init] two acknowledged ledger items")
+    items = ledger(env)
+    assert len(items) == 2 and all(i.status is LedgerStatus.ACKNOWLEDGED for i in items), items
+    observed = observe(env, {})
+    check(observed, final_states=set(FINAL_STATES[INIT_PROTOCOL]))
+    assert in_flight(env) == 0
+    init.jobs = dict(Counter(observed.states.values()))
+
+    # Every alarm notifies the topic given as AlarmTopicArn, when it fires and when it clears.
+    alarms = clients("cloudwatch").describe_alarms(AlarmNamePrefix=stack.name)["MetricAlarms"]
+    assert len(alarms) == 7, [a["AlarmName"] for a in alarms]
+    assert all(a["AlarmActions"] == [init.topic_arn] == a["OKActions"] for a in alarms), alarms
+    init.notes.append(f"{len(alarms)} alarms notify its topic")
+
+
+def test_init_stack_logs_hold_no_secret(tier: Tier) -> None:
+    """Then its `sam delete` starts, and runs while the main stacks' tests do."""
+    init = _init(tier)
+    stack = init.stack
+    secrets = [*tier.secrets, *tier.tokens.issued]
+    scanned = 0
+    for group in stack.log_groups():
+        lines = log_lines(stack.logs, group)
+        if "SchedulerFunction" in group or "ExecutorFunction" in group:
+            assert lines, f"{group} holds no log lines: nothing was scanned"
+        text = "\n".join(lines)
+        scanned += len(lines)
+        leaked = [s[:12] + "..." for s in secrets if s in text]
+        assert not leaked and "SWSECRET" not in text, f"{group} leaks {leaked or 'the marker'}"
+
+    init.notes.append(f"{scanned} log lines scanned, no key or token")
+    pool = ThreadPoolExecutor(1)
+    init.delete = pool.submit(tier.sam.delete, stack.name)  # test_init_stack_sam_delete_removed_it waits
+    pool.shutdown(wait=False)
+
+
 # -- 3. a drain leaves nothing in flight ------------------------------------------------------------
 def test_drain_leaves_nothing_in_flight(tier: Tier) -> None:
     """Pipelogiq: a handed-back delivery (ack with requeue) is delivered again at once, where a
@@ -299,3 +373,27 @@ def test_sam_delete_removes_the_stacks(tier: Tier) -> None:
                 stack.lambda_client.get_function(FunctionName=stack.outputs[f"{logical}Name"])
         rules = clients("events").list_rules(NamePrefix=stack.name)["Rules"]
         assert rules == [], rules  # no schedule left firing
+
+
+# -- 8. the init stack's sam delete (started after its log scan) removed it --------------------------
+def test_init_stack_sam_delete_removed_it(tier: Tier) -> None:
+    init = _init(tier)
+    stack = init.stack
+    assert init.delete is not None, "the init stack's sam delete never started"
+    took = init.delete.result(timeout=600)
+    cloudformation = clients("cloudformation")
+    try:
+        status = cloudformation.describe_stacks(StackName=stack.name)["Stacks"][0]["StackStatus"]
+    except cloudformation.exceptions.ClientError as err:
+        assert "does not exist" in str(err), err
+    else:
+        assert status == "DELETE_COMPLETE", status
+    for logical in stack.functions:
+        with pytest.raises(stack.lambda_client.exceptions.ResourceNotFoundException):
+            stack.lambda_client.get_function(FunctionName=stack.outputs[f"{logical}Name"])
+    assert clients("events").list_rules(NamePrefix=stack.name)["Rules"] == []  # no schedule left firing
+    # The README's tear-down: the table outlives the stack (Retain); then it, and the secret, go.
+    stack.dynamodb.delete_table(TableName=stack.table_name)
+    clients("secretsmanager").delete_secret(SecretId=stack.parameters["ApiKeySecretArn"],
+                                            ForceDeleteWithoutRecovery=True)
+    init.notes.append(f"sam delete {took:.0f} s (beside the main stacks' tests)")
