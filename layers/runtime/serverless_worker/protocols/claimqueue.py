@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -103,6 +104,18 @@ def result_record(outcome: Outcome) -> dict[str, Any]:
     return record
 
 
+def _socket_transport() -> ModuleType:
+    """The work socket's module, imported only for ``transport="socket"``: it needs
+    ``websockets`` (the local extra), and the Lambda layer ships neither (Lambda claims over
+    HTTP; layers/runtime/Makefile)."""
+    try:
+        from . import claimqueue_socket
+    except ImportError as err:
+        raise ConfigurationError("the claim queue's socket transport needs the websockets package (the local "
+                                 f"extra), which is not installed here ({err}); use the http transport") from err
+    return claimqueue_socket
+
+
 class ClaimQueueClient(HttpProtocolClient):
     """A claim queue worker, one pooled HTTP session plus, with ``transport="socket"``,
     one ``work`` socket per queue.
@@ -136,6 +149,8 @@ class ClaimQueueClient(HttpProtocolClient):
         transport: Transport = "http",
         **http: Unpack[HttpOptions],
     ) -> None:
+        if transport == "socket":
+            _socket_transport()  # fails here, at configuration, where websockets is missing
         super().__init__(base_url, token, **http)
         if transport not in ("http", "socket"):
             raise ConfigurationError(f"claim queue transport must be http or socket, got {transport!r}")
@@ -314,11 +329,9 @@ class ClaimQueueClient(HttpProtocolClient):
     # -- plumbing ------------------------------------------------------------------------
     def _claim_one(self, queue: str, criteria: dict[str, Any] | None) -> Delivery | str | None:
         if self.transport == "socket":
-            from .claimqueue_socket import UnreadableItemError
-
             try:
                 item, connection = self._socket(queue).claim(self.worker_id, criteria)
-            except UnreadableItemError as err:
+            except _socket_transport().UnreadableItemError as err:
                 return self._unusable_claim(queue, {"id": err.item_id, "item": err.item}, err,
                                             connection=err.connection)
             if item is None:
@@ -434,11 +447,9 @@ class ClaimQueueClient(HttpProtocolClient):
                 base = self.base_url
                 scheme = "wss" if base.startswith("https://") else "ws"
                 url = scheme + base[base.index("://"):] + self._path("work", queue)
-                # websockets is the local extra, not in the Lambda layer (Lambda uses http).
-                from .claimqueue_socket import ClaimQueueSocket
-
-                sock = ClaimQueueSocket(url, self._token, connect_timeout=self._connect_timeout,
-                                        read_timeout=self._read_timeout, proxy=self._transport.proxy)
+                sock = _socket_transport().ClaimQueueSocket(
+                    url, self._token, connect_timeout=self._connect_timeout, read_timeout=self._read_timeout,
+                    proxy=self._transport.proxy)
                 self._sockets[queue] = sock
             return sock
 
