@@ -1,7 +1,8 @@
 """One seeded randomized run per protocol: 500 jobs through the moto-backed runtime while the
 sandbox mixes every fault at once (5xx, 429, latency and dropped answers on every endpoint,
 duplicate deliveries, expired Pipelogiq sessions, and server restarts at random calls), with
-handlers that succeed, reject, raise or get bad input. Then the invariants of issue 5 (tests/reliability/invariants.py).
+handlers that succeed, reject, raise or get bad input. Then the reliability invariants
+(tests/reliability/invariants.py).
 
 Replay a failure with its seed: ``SW_FAULT_SEED=N pytest tests/reliability/test_randomized_faults.py``
 (every assertion message names the seed). The seed fixes the fault plan and the job mix; the
