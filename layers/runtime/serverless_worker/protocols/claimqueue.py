@@ -350,7 +350,7 @@ class ClaimQueueClient(HttpProtocolClient):
     def _unusable_claim(self, queue: str, data: dict[str, Any], err: ProtocolViolationError, *,
                         connection: str | None = None) -> Delivery | str:
         """A claim answer with an item we cannot fully read. With a usable id it becomes a
-        Delivery carrying ``wire["invalid"]``, so the runtime finishes the item with an
+        Delivery carrying ``invalid``, so the runtime finishes the item with an
         in-band error result (a definite outcome); without one it cannot be reported at
         all and is left to its lease's lapse, which re-queues it: returns what it lacks."""
         raw_id = data.get("id")
@@ -361,11 +361,11 @@ class ClaimQueueClient(HttpProtocolClient):
             return "no item id" if raw_id is None else f"an unusable item id ({type(raw_id).__name__})"
         log.error("item %s claimed from %s is malformed (%s); it is finished with an error result", item_id,
                   queue, err)
-        wire: dict[str, Any] = {"queue": queue, "transport": self.transport, "invalid": str(err)}
+        wire: dict[str, Any] = {"queue": queue, "transport": self.transport}
         if connection is not None:
             wire["connection"] = connection
         return Delivery(protocol=self.name, handler=queue, job_id=item_id, ledger_id=f"{item_id}:0",
-                        payload=data.get("item"), wire=wire)
+                        payload=data.get("item"), wire=wire, invalid=str(err))
 
     def _delivery(self, queue: str, item_id: str, item: Any, attempts: int, lease: ItemLease | None,
                   connection: str | None) -> Delivery:
