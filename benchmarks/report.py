@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["TARGETS", "render", "verdicts"]
 
-# Per figure: the test on the measured value and the target as the issue words it.
+# Per figure: the test on the measured value and the target it is held to, in words.
 TARGETS: dict[str, tuple[Callable[[float], bool], str]] = {
     "a_ratio": (lambda v: v >= 0.85, ">= 0.85"),
     "a_first_pull": (lambda v: v <= 1.5, "first pull <= 1.5 s after start"),

@@ -1,6 +1,6 @@
 """Render the fault matrix (the JSON lines the reliability suite appends through
-``tests/reliability/invariants.py``) as a markdown table, scenario x protocol, for the
-closing note of issue 5.
+``tests/reliability/invariants.py``) as a markdown table, scenario x protocol: what each
+fault did to each protocol's jobs, for a release note or a review.
 
     .venv/bin/pytest tests/reliability -n 2 -p no:cacheprovider
     .venv/bin/python scripts/fault_matrix_table.py [.fault-matrix.jsonl]

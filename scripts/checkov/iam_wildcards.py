@@ -2,7 +2,7 @@
 actions that AWS offers no resource-level permission for.
 
 checkov's CloudFormation IAM checks (CKV_AWS_107..111) flag dangerous actions on "*";
-this one holds the template to the stricter rule of issue 5: every action is named in
+this one holds the template to a stricter least-privilege rule: every action is named in
 full, every resource is narrowed wherever AWS allows, and the only AWS managed policy a
 role may carry is the X-Ray one SAM attaches for state-machine tracing.
 

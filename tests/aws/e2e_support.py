@@ -4,25 +4,32 @@ test_drain.
 
 Each protocol's sandbox describes jobs its own way; the helpers here turn that into the
 few facts the tests assert on (job id, the outcomes the server received, whether the
-job is done, how many deliveries were unsettled at once).
+job is done, how many deliveries were unsettled at once). The one scenario two files run
+(an executor dying between storing and reporting its outcome: test_recovery, and the
+reliability suite's fault matrix) lives here too.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from serverless_worker.sandbox.admin import job_id
-from serverless_worker.state import LedgerItem
+from serverless_worker.state import LedgerItem, LedgerStatus
 from serverless_worker.state.items import from_item
 from support.waiting import poll, wait_for
 
 __all__ = [
     "HANDLERS_PATH",
     "PROTOCOLS",
+    "LambdaCrash",
     "backdate",
+    "crash_between_storing_and_reporting",
     "done",
     "http_calls_per_job",
     "in_flight",
@@ -32,6 +39,7 @@ __all__ = [
     "ledger",
     "results",
     "run_until",
+    "take_background_errors",
     "unsettled_peak",
     "wait_for",
 ]
@@ -155,3 +163,64 @@ def run_until(env: Any, predicate: Callable[[], bool], *, what: str, window: flo
         if poll(predicate, settle):
             return reports
     raise AssertionError(f"{what}: not reached after {ticks} ticks; reports: {reports}")
+
+
+def take_background_errors(env: Any, kind: str, count: int) -> None:
+    """The invocations that died on purpose: check them and clear them (the harness
+    re-raises any left over when the stack closes)."""
+    errors = env.stack.lambdas.background_errors
+    assert [type(e).__name__ for e in errors] == [kind] * count, errors
+    errors.clear()
+
+
+# -- a scenario ----------------------------------------------------------------------------
+class LambdaCrash(RuntimeError):
+    """The executor's sandbox dies: the Event invocation ends with an unhandled error."""
+
+
+def crash_between_storing_and_reporting(worker_env: Callable[..., Any], recorder: Any,
+                                        monkeypatch: pytest.MonkeyPatch, protocol: str) -> Any:
+    """Two executors die right after storing their outcomes; one is invoked again and
+    re-reports, the reaper re-reports the other; each job has exactly one result on the
+    server and ran once. Returns the finished environment."""
+    # A Pipelogiq lease longer than the test, so the server's own lease recovery (a new
+    # execution) cannot stand in for the re-report being tested.
+    sandbox = {"lease_seconds": 20} if protocol == "pipelogiq" else None
+    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH, sandbox=sandbox)
+    env.seed("e2e.echo", [{"n": 1}, {"n": 2}])
+    store = env.stack.store()
+    real_store_outcome = store.store_outcome
+
+    def store_then_crash(key: str, epoch: str, outcome: Any) -> None:
+        real_store_outcome(key, epoch, outcome)
+        raise LambdaCrash("the executor died right after storing its outcome")
+
+    monkeypatch.setattr(store, "store_outcome", store_then_crash)
+    first = env.tick(2.0)
+    env.stack.wait_idle(10)
+    monkeypatch.setattr(store, "store_outcome", real_store_outcome)
+
+    assert first["dispatched"] == 2
+    take_background_errors(env, "LambdaCrash", 2)
+    assert Counter(item.status for item in ledger(env)) == {LedgerStatus.OUTCOME_STORED: 2}
+    assert all(not results(protocol, job) for job in env.admin.jobs())  # nothing reported yet
+    assert sum(recorder.counts().values()) == 2
+    reinvoked, reaped = sorted(item.key for item in ledger(env))
+
+    # The executor invoked again with the same event re-reports the stored outcome.
+    answer = env.stack.invoke("ExecutorFunction", {"ledger_key": reinvoked})
+    assert answer["action"] == "reported" and answer["resumed"] is True, answer
+    # The reaper settles the other once its deadline passes.
+    backdate(env, reaped)
+    second = env.tick(1.2)
+    env.stack.wait_idle(10)
+    assert second["reaped"] == 1 and second["pulled"] == 0, second
+
+    wait_for(lambda: all(done(protocol, j) for j in env.admin.jobs()), 5, "both jobs done")
+    jobs = jobs_by_id(env)
+    for job in jobs.values():
+        assert len(results(protocol, job)) == 1, job  # exactly one result on the server
+        if protocol == "pipelogiq":
+            assert len(job["executions"]) == 1
+    assert recorder.counts() == Counter({job_id: 1 for job_id in jobs})  # never run again
+    return env

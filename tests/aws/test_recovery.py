@@ -19,6 +19,7 @@ from e2e_support import (
     HANDLERS_PATH,
     PROTOCOLS,
     backdate,
+    crash_between_storing_and_reporting,
     done,
     in_flight,
     instance,
@@ -26,24 +27,13 @@ from e2e_support import (
     ledger,
     results,
     run_until,
+    take_background_errors,
     wait_for,
 )
 
 from serverless_worker.state import LedgerStatus
 
 pytestmark = pytest.mark.aws
-
-
-class LambdaCrash(RuntimeError):
-    """The executor's sandbox dies: the Event invocation ends with an unhandled error."""
-
-
-def _take_background_errors(env: Any, kind: str, count: int) -> None:
-    """The invocations that died on purpose: check them and clear them (the harness
-    re-raises any left over when the stack closes)."""
-    errors = env.stack.lambdas.background_errors
-    assert [type(e).__name__ for e in errors] == [kind] * count, errors
-    errors.clear()
 
 
 def _statuses(env: Any) -> Counter[LedgerStatus]:
@@ -121,47 +111,7 @@ def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, record
 def test_executor_rereports_a_stored_outcome_without_rerunning(worker_env: Any, recorder: Any,
                                                                monkeypatch: pytest.MonkeyPatch,
                                                                protocol: str) -> None:
-    # A Pipelogiq lease longer than the test, so the server's own lease recovery (a new
-    # execution) cannot stand in for the re-report being tested.
-    sandbox = {"lease_seconds": 20} if protocol == "pipelogiq" else None
-    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH, sandbox=sandbox)
-    env.seed("e2e.echo", [{"n": 1}, {"n": 2}])
-    store = env.stack.store()
-    real_store_outcome = store.store_outcome
-
-    def store_then_crash(key: str, epoch: str, outcome: Any) -> None:
-        real_store_outcome(key, epoch, outcome)
-        raise LambdaCrash("the executor died right after storing its outcome")
-
-    monkeypatch.setattr(store, "store_outcome", store_then_crash)
-    first = env.tick(2.0)
-    env.stack.wait_idle(10)
-    monkeypatch.setattr(store, "store_outcome", real_store_outcome)
-
-    assert first["dispatched"] == 2
-    _take_background_errors(env, "LambdaCrash", 2)
-    assert _statuses(env) == {LedgerStatus.OUTCOME_STORED: 2}
-    assert all(not results(protocol, job) for job in env.admin.jobs())  # nothing reported yet
-    assert sum(recorder.counts().values()) == 2
-    by_key = {item.key: item for item in ledger(env)}
-    reinvoked, reaped = sorted(by_key)
-
-    # The executor invoked again with the same event re-reports the stored outcome.
-    answer = env.stack.invoke("ExecutorFunction", {"ledger_key": reinvoked})
-    assert answer["action"] == "reported" and answer["resumed"] is True, answer
-    # The reaper settles the other once its deadline passes.
-    backdate(env, reaped)
-    second = env.tick(1.2)
-    env.stack.wait_idle(10)
-    assert second["reaped"] == 1 and second["pulled"] == 0, second
-
-    wait_for(lambda: all(done(protocol, j) for j in env.admin.jobs()), 5, "both jobs done")
-    jobs = jobs_by_id(env)
-    for job in jobs.values():
-        assert len(results(protocol, job)) == 1, job  # exactly one result on the server
-        if protocol == "pipelogiq":
-            assert len(job["executions"]) == 1
-    assert recorder.counts() == Counter({job_id: 1 for job_id in jobs})  # never run again
+    env = crash_between_storing_and_reporting(worker_env, recorder, monkeypatch, protocol)
     assert _statuses(env) == {LedgerStatus.ACKNOWLEDGED: 2} and in_flight(env) == 0
 
 
@@ -233,7 +183,7 @@ def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, re
     monkeypatch.setattr(dispatcher, "invoke_executor", real_invoke)
 
     assert first["pulled"] == first["dispatched"] == 4 and len(lost) == 2, first
-    _take_background_errors(env, "ExecutorKilled", 2)
+    take_background_errors(env, "ExecutorKilled", 2)
     stranded = {item.key: item for item in ledger(env)}
     assert sorted(item.status for item in stranded.values()) == sorted(
         [LedgerStatus.RECORDED] * 2 + [LedgerStatus.RUNNING] * 2)

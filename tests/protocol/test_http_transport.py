@@ -28,6 +28,8 @@ class RawServer:
     behaviours: dict[bytes, Behaviour] = field(default_factory=dict)
     bodies: list[bytes] = field(default_factory=list)
     connections: int = 0
+    # released once for each connection the server has closed (its FIN sent)
+    closed: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
 
     def __post_init__(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -46,6 +48,7 @@ class RawServer:
     def _serve(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError):  # the client gave up (a timeout, a size limit)
             self._exchange(conn)
+        self.closed.release()
 
     def _exchange(self, conn: socket.socket) -> None:
         rest = b""
@@ -125,7 +128,9 @@ def test_an_idle_connection_the_server_closed_is_replaced_without_a_failure(serv
     server.behaviours[b"last"] = lambda conn: answer(conn) and False
     transport = HttpTransport(server.url)
     transport.request("POST", "/r", endpoint="r", data=b"last")
-    time.sleep(0.05)  # the server's FIN arrives; libcurl itself would look only after 1 s idle
+    # the server has closed it (on loopback its FIN is with us); libcurl itself would look
+    # only after 1 s idle
+    assert server.closed.acquire(timeout=10)
     assert transport.request("POST", "/r", endpoint="r", data=b"next").status == 200
     assert transport.request("POST", "/r", endpoint="r", data=b"again").status == 200
     assert server.bodies == [b"last", b"next", b"again"] and server.connections == 2

@@ -301,7 +301,7 @@ def test_a_payload_with_an_address_but_bad_fields_becomes_an_invalid_delivery(
     admin.seed({"raw": [{"queue": QUEUE, "payload": payload}]})
     [delivery] = pull(client)
     assert delivery.ledger_id == "5:e-1" and delivery.attempt == 2
-    assert "input" in delivery.wire["invalid"] and "context" in delivery.wire["invalid"]
+    assert delivery.invalid is not None and "input" in delivery.invalid and "context" in delivery.invalid
     assert delivery.payload is None
 
 
@@ -312,7 +312,7 @@ def test_a_payload_sent_as_a_json_string_and_handler_name_alias_are_accepted(
                "context": [{"key": "k", "value": "v", "valueType": "string", "isSensitive": False}]}
     admin.seed({"raw": [{"queue": QUEUE, "payload": json.dumps(payload)}]})
     [delivery] = pull(client)
-    assert "invalid" not in delivery.wire
+    assert delivery.invalid is None
     assert (delivery.handler, delivery.payload, delivery.wire["prevStageOutput"]) == ("echo", "{}", "prev")
     assert delivery.wire["context"] == [
         {"key": "k", "value": "v", "valueType": "string", "isSensitive": False}]

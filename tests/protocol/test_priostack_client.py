@@ -191,8 +191,9 @@ def test_a_job_with_other_invalid_fields_is_delivered_marked_invalid(env) -> Non
     client = e.client()
     deliveries = {d.job_id: d for d in client.pull(PullRequest(handler="t", max_items=5))}
     assert set(deliveries) == {good, bad}
-    assert "invalid" not in deliveries[good].wire
-    reason = deliveries[bad].wire["invalid"]
+    assert deliveries[good].invalid is None and "invalid" not in deliveries[good].wire
+    reason = deliveries[bad].invalid
+    assert reason is not None and "invalid" not in deliveries[bad].wire
     assert "processInstanceKey" in reason and "variables" in reason
     assert deliveries[bad].payload is None and deliveries[bad].retries_left == 3
 

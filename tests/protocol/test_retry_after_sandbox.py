@@ -47,7 +47,8 @@ def _report_until_given_up(server: SandboxServer, path: str, label: str) -> tupl
 
     def call(number: int) -> HttpResponse:
         response = transport.request("POST", path, endpoint=label, json_body={"attempt": number})
-        transport.raise_for_transient(response)
+        if response.status == 429:  # as each client maps it (its raise_for_answer)
+            raise RateLimitedError("rate limited", endpoint=label, retry_after=response.retry_after)
         return response
 
     try:

@@ -1,10 +1,10 @@
 """The invariants every fault scenario ends on, read from the sandbox's own history.
 
 A scenario drives the worker through some fault, then calls ``observe`` (what the
-server and the ledger say happened), ``check`` (the invariants of issue 5: one final
+server and the ledger say happened), ``check`` (the reliability invariants: one final
 outcome per job, nothing stranded or lost, the handler run at most once per job unless
 the protocol makes a re-run unavoidable, nothing left in flight) and ``record_row``
-(one line of the scenario x protocol table of the closing note).
+(one line of the scenario x protocol table, ``scripts/fault_matrix_table.py``).
 
 The sandboxes describe jobs each their own way; the per-protocol readers here turn that
 into the few facts the invariants are about, so the three fault-matrix files share one

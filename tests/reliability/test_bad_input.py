@@ -489,7 +489,7 @@ def test_wrong_shaped_answers_deliver_nothing_runnable(protocol: str, shape: int
             if expected == "left":
                 assert deliveries == []
             else:
-                assert expected == "invalid" and [bool(d.wire.get("invalid")) for d in deliveries] == [True]
+                assert expected == "invalid" and [bool(d.invalid) for d in deliveries] == [True]
 
 
 # -- broken configuration -------------------------------------------------------------------------------

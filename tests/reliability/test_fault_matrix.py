@@ -542,7 +542,7 @@ def test_start_execution_fails(worker_env: Any, long_runs: Any, monkeypatch: pyt
          "deliveries were handed back, came back and each ran once in one state-machine execution")
 
 
-# -- the table of the closing note --------------------------------------------------------------------------
+# -- the scenario x protocol table --------------------------------------------------------------------------
 def test_table_renders_scenarios_by_protocol(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """scripts/fault_matrix_table.py over rows written by record_row/record_na: one line per

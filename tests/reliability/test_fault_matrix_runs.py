@@ -12,19 +12,25 @@ says which protocol rule makes it so.
 
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 from aws.conftest import Env
-from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, backdate, ledger, run_until, wait_for
+from aws.e2e_support import (
+    HANDLERS_PATH,
+    PROTOCOLS,
+    backdate,
+    crash_between_storing_and_reporting,
+    ledger,
+    run_until,
+    take_background_errors,
+    wait_for,
+)
 from reliability.conftest import HANDLERS, handlers_module
 from reliability.invariants import Observed, check, observe, record_na, record_row
 from serverless_worker.local.moto_lambda import FakeLambdaContext
@@ -32,13 +38,6 @@ from serverless_worker.outcome import OutcomeKind
 from serverless_worker.state import LedgerStatus
 
 pytestmark = pytest.mark.aws
-
-# test_recovery.py imports its helpers by their bare name (pytest puts tests/aws on the path
-# only when it collects that folder): make them importable when this file runs alone.
-_AWS_TESTS = str(Path(__file__).resolve().parents[1] / "aws")
-if _AWS_TESTS not in sys.path:
-    sys.path.append(_AWS_TESTS)
-_recovery = importlib.import_module("test_recovery")
 
 OK = {"pipelogiq": "completed", "priostack": "completed", "claimqueue": "finished"}
 # What a job that ran out of time ends as when the server does not retry it (Pipelogiq
@@ -144,7 +143,7 @@ def test_executor_killed_mid_handler(worker_env: Any, recorder: Any, protocol: s
     env.seed("e2e.die", [{"n": i} for i in range(3)], maxRetries=1, retryInterval=0)  # Priostack: retries 3
 
     _dispatch_all(env, 3)
-    _recovery._take_background_errors(env, "ExecutorKilled", 3)
+    take_background_errors(env, "ExecutorKilled", 3)
     killed = ledger(env)
     assert [item.status for item in killed] == [LedgerStatus.RUNNING] * 3
     if recovery == "lambda_retry":
@@ -194,18 +193,11 @@ def _check_timed_out_once(protocol: str, observed: Observed) -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_executor_killed_between_storing_and_reporting(worker_env: Any, recorder: Any,
                                                         monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
-    """test_recovery's scenario as it is (its own assertions included): two executors die right
-    after storing their outcomes; one is invoked again and re-reports, the reaper re-reports
-    the other. Here it is also checked against the invariants and recorded."""
-    made: list[Env] = []
-
-    def capturing(*args: Any, **kwargs: Any) -> Env:
-        made.append(worker_env(*args, **kwargs))
-        return made[-1]
-
-    _recovery.test_executor_rereports_a_stored_outcome_without_rerunning(capturing, recorder, monkeypatch,
-                                                                          protocol)
-    (env,) = made
+    """test_recovery's scenario as it is (its own assertions included, shared through
+    e2e_support): two executors die right after storing their outcomes; one is invoked again
+    and re-reports, the reaper re-reports the other. Here it is also checked against the
+    invariants and recorded."""
+    env = crash_between_storing_and_reporting(worker_env, recorder, monkeypatch, protocol)
     _finish("executor killed between storing and reporting", env, recorder.counts(),
             "the stored outcome was reported by the re-invoked executor (one job) and by the reaper "
             "(the other), never re-run",

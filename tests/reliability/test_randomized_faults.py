@@ -1,7 +1,8 @@
 """One seeded randomized run per protocol: 500 jobs through the moto-backed runtime while the
 sandbox mixes every fault at once (5xx, 429, latency and dropped answers on every endpoint,
 duplicate deliveries, expired Pipelogiq sessions, and server restarts at random calls), with
-handlers that succeed, reject, raise or get bad input. Then the invariants of issue 5 (tests/reliability/invariants.py).
+handlers that succeed, reject, raise or get bad input. Then the reliability invariants
+(tests/reliability/invariants.py).
 
 Replay a failure with its seed: ``SW_FAULT_SEED=N pytest tests/reliability/test_randomized_faults.py``
 (every assertion message names the seed). The seed fixes the fault plan and the job mix; the
@@ -37,6 +38,7 @@ from invariants import FINAL_STATES, Observed, check, observe, record_row
 from aws.e2e_support import PROTOCOLS, in_flight, ledger
 from serverless_worker.registry import load_handlers
 from serverless_worker.state import LedgerStatus
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.aws
 
@@ -178,6 +180,18 @@ def open_jobs(env: Any) -> Counter[str]:
     return Counter({state: n for state, n in states.items() if state not in final})
 
 
+def results_applied(env: Any) -> bool:
+    """Pipelogiq answers a result ``202`` and applies it a moment later: true once every
+    result a stage received has been applied or fenced (its history says which)."""
+    if env.protocol != "pipelogiq":
+        return True
+    for job in env.admin.jobs():
+        events = Counter(h["event"] for h in job["history"])
+        if events["result_received"] != events["result_applied"] + events["result_fenced"]:
+            return False
+    return True
+
+
 def observe_state(protocol: str, job: dict[str, Any]) -> str:
     if protocol == "pipelogiq":
         return str(job["status"]).lower()
@@ -226,7 +240,7 @@ def drive(env: Any, runs: Any) -> tuple[Observed, dict[str, int]]:
         print(f"tick {tick}: {time.monotonic() - started:.1f}s pulled {report['pulled']} duplicates "
               f"{report['duplicates']} errors {len(report['errors'])}; open {dict(still_open)}")
         if not still_open:
-            time.sleep(0.1)  # Pipelogiq applies results (and settles tokens) a moment after answering
+            wait_for(lambda: results_applied(env), timeout=30, what="every result received applied or fenced")
             observed = observe(env, runs.counts())
             if settled(observed):
                 break

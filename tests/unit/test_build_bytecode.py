@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from support.layer import LEFT_OUT_OF_LAYER
 from support.template import TEMPLATE_PATH, load_template
 
 ROOT = TEMPLATE_PATH.parent
@@ -124,9 +125,15 @@ def test_the_layer_recipe_installs_wheels_for_the_chosen_cpu(tmp_path: Path, arc
     other = "arm64" if architecture == "x86_64" else "x86_64"
     assert any("pydantic_core" in line for line in check_bytecode.check_platform([site], other)[1])
     assert check_bytecode.main(["--architecture", architecture, str(out)]) == 0
-    # the layer holds what runs in Lambda, and only that: no developer tooling ...
-    package = site / "serverless_worker"
-    assert {"sandbox", "local", "cli", "stack.py"}.isdisjoint(p.name for p in package.iterdir())
+    # the layer holds what runs in Lambda, and only that: the package less exactly its developer tooling ...
+    package, source = site / "serverless_worker", ROOT / "layers" / "runtime" / "serverless_worker"
+    shipped = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
+    missing = {p.relative_to(source).as_posix() for p in source.rglob("*.py")} - shipped
+    assert missing and not any(p.startswith(tuple(f"{e}/" for e in LEFT_OUT_OF_LAYER)) or p in LEFT_OUT_OF_LAYER
+                               for p in shipped)
+    assert {e for e in LEFT_OUT_OF_LAYER if any(p == e or p.startswith(f"{e}/") for p in missing)} == \
+        LEFT_OUT_OF_LAYER
+    assert {p for p in missing if not any(p == e or p.startswith(f"{e}/") for e in LEFT_OUT_OF_LAYER)} == set()
     assert not list(site.glob("moto*")) and not list(site.glob("uvicorn*"))
     if platform.machine() != wheel_suffix:
         return  # the compiled wheels of the other CPU cannot load here

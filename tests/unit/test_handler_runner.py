@@ -135,13 +135,19 @@ def test_a_string_payload_that_is_not_json_is_bad_input_for_a_model() -> None:
 
 def test_an_invalid_envelope_is_bad_input_and_the_handler_is_not_called() -> None:
     handler = Recorder()
-    cases = (({"invalid": "job key is not a string"}, "invalid delivery: job key is not a string"),
-             ({"invalid": True}, "invalid delivery: the delivery envelope is malformed"))
-    for wire, message in cases:
-        result = run_handler(spec_for(handler), delivery({"a": 1}, wire=wire), budget_seconds=1)
+    invalid = delivery({"a": 1}, invalid="job key is not a string")
+    # a ledger record written before ``invalid`` was a field carried it in ``wire``
+    recorded_before = {**delivery({"a": 1}).to_record(), "wire": {"queue": "q", "invalid": "no type"}}
+    assert "invalid" not in delivery({"a": 1}).to_record()  # an empty one stays out of the ledger
+    cases = ((invalid, "invalid delivery: job key is not a string"),
+             (Delivery.from_record(invalid.to_record()), "invalid delivery: job key is not a string"),
+             (Delivery.from_record(recorded_before), "invalid delivery: no type"))
+    for given, message in cases:
+        result = run_handler(spec_for(handler), given, budget_seconds=1)
         assert result.outcome is not None
         assert (result.outcome.kind, result.outcome.message) == (OutcomeKind.BAD_INPUT, message)
         assert result.started is False
+    assert Delivery.from_record(recorded_before).wire == {"queue": "q"}
     assert handler.job is None
 
 

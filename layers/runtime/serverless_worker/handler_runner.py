@@ -136,10 +136,8 @@ def decode_payload(spec: HandlerSpec, delivery: Delivery) -> Any:
     A string (Pipelogiq sends stage input as one) is JSON-decoded when it is valid JSON
     and kept as a string otherwise; with an input model it must be valid JSON.
     """
-    invalid = delivery.wire.get("invalid")
-    if invalid:
-        reason = invalid if isinstance(invalid, str) else "the delivery envelope is malformed"
-        raise BadInputError(f"invalid delivery: {reason}")
+    if delivery.invalid is not None:
+        raise BadInputError(f"invalid delivery: {delivery.invalid}")
     payload = delivery.payload
     if isinstance(payload, bytes | bytearray):
         try:

@@ -162,11 +162,6 @@ class RunObserver:
             last = self.last_arrival if self.last_arrival is not None else self.started_at
         return self._clock() - last
 
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {"arrivals": self.arrivals, "executors_running": self.executors_running,
-                    "executor_errors": self.executor_errors, "handler_runs": self.handler_runs}
-
 
 def _timed(fn: Callable[..., Any], observer: RunObserver) -> Callable[..., Any]:
     """``fn`` noting when it starts; an ``async def`` handler's coroutine passes through unchanged."""

@@ -343,17 +343,6 @@ class HttpTransport:
         log.debug("http %s %s -> %s in %.1f ms", method, endpoint, status, (time.monotonic() - started) * 1000)
         return HttpResponse(status, received, body, endpoint)
 
-    def raise_for_transient(self, response: HttpResponse) -> None:
-        """Raise RateLimitedError for 429 and ServerUnavailableError for 5xx."""
-        if response.status == 429:
-            raise RateLimitedError("rate limited", endpoint=response.endpoint,
-                                   retry_after=response.retry_after)
-        if response.status >= 500:
-            # 502/504 come from a proxy that may have forwarded the request; 500/503 may
-            # also follow a partial effect: treat all as ambiguous.
-            raise ServerUnavailableError("server error", endpoint=response.endpoint,
-                                         status=response.status, ambiguous=True)
-
     def close(self) -> None:
         self._pool.close()
 

@@ -98,7 +98,9 @@ class Delivery(BaseModel):
     ``ledger_id`` identifies the *execution* (a redelivery of the same execution maps
     to the same id, so the ledger's conditional write spots duplicates). ``wire`` holds
     the non-secret protocol fields needed to act on it later; ``token`` the secret
-    delivery token where the protocol has one.
+    delivery token where the protocol has one. ``invalid`` says why a delivery that can be
+    addressed cannot be run (a malformed envelope or payload): the handler is never
+    called, and the job gets a definite bad-input outcome.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -116,6 +118,7 @@ class Delivery(BaseModel):
     pulled_at: float = Field(default_factory=time.time)
     token: SecretStr | None = None
     wire: dict[str, Any] = Field(default_factory=dict)
+    invalid: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         """Plain dict for the ledger: the token is revealed here and only here.
@@ -131,6 +134,11 @@ class Delivery(BaseModel):
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Delivery:
+        wire = data.get("wire")
+        if isinstance(wire, dict) and "invalid" in wire and "invalid" not in data:
+            # recorded before ``invalid`` was a field of its own: it travelled in ``wire``
+            wire = dict(wire)
+            data = {**data, "wire": wire, "invalid": str(wire.pop("invalid"))}
         return cls.model_validate(data)
 
 

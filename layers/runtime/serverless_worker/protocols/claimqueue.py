@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -103,6 +104,18 @@ def result_record(outcome: Outcome) -> dict[str, Any]:
     return record
 
 
+def _socket_transport() -> ModuleType:
+    """The work socket's module, imported only for ``transport="socket"``: it needs
+    ``websockets`` (the local extra), and the Lambda layer ships neither (Lambda claims over
+    HTTP; layers/runtime/Makefile)."""
+    try:
+        from . import claimqueue_socket
+    except ImportError as err:
+        raise ConfigurationError("the claim queue's socket transport needs the websockets package (the local "
+                                 f"extra), which is not installed here ({err}); use the http transport") from err
+    return claimqueue_socket
+
+
 class ClaimQueueClient(HttpProtocolClient):
     """A claim queue worker, one pooled HTTP session plus, with ``transport="socket"``,
     one ``work`` socket per queue.
@@ -136,6 +149,8 @@ class ClaimQueueClient(HttpProtocolClient):
         transport: Transport = "http",
         **http: Unpack[HttpOptions],
     ) -> None:
+        if transport == "socket":
+            _socket_transport()  # fails here, at configuration, where websockets is missing
         super().__init__(base_url, token, **http)
         if transport not in ("http", "socket"):
             raise ConfigurationError(f"claim queue transport must be http or socket, got {transport!r}")
@@ -314,11 +329,9 @@ class ClaimQueueClient(HttpProtocolClient):
     # -- plumbing ------------------------------------------------------------------------
     def _claim_one(self, queue: str, criteria: dict[str, Any] | None) -> Delivery | str | None:
         if self.transport == "socket":
-            from .claimqueue_socket import UnreadableItemError
-
             try:
                 item, connection = self._socket(queue).claim(self.worker_id, criteria)
-            except UnreadableItemError as err:
+            except _socket_transport().UnreadableItemError as err:
                 return self._unusable_claim(queue, {"id": err.item_id, "item": err.item}, err,
                                             connection=err.connection)
             if item is None:
@@ -337,7 +350,7 @@ class ClaimQueueClient(HttpProtocolClient):
     def _unusable_claim(self, queue: str, data: dict[str, Any], err: ProtocolViolationError, *,
                         connection: str | None = None) -> Delivery | str:
         """A claim answer with an item we cannot fully read. With a usable id it becomes a
-        Delivery carrying ``wire["invalid"]``, so the runtime finishes the item with an
+        Delivery carrying ``invalid``, so the runtime finishes the item with an
         in-band error result (a definite outcome); without one it cannot be reported at
         all and is left to its lease's lapse, which re-queues it: returns what it lacks."""
         raw_id = data.get("id")
@@ -348,11 +361,11 @@ class ClaimQueueClient(HttpProtocolClient):
             return "no item id" if raw_id is None else f"an unusable item id ({type(raw_id).__name__})"
         log.error("item %s claimed from %s is malformed (%s); it is finished with an error result", item_id,
                   queue, err)
-        wire: dict[str, Any] = {"queue": queue, "transport": self.transport, "invalid": str(err)}
+        wire: dict[str, Any] = {"queue": queue, "transport": self.transport}
         if connection is not None:
             wire["connection"] = connection
         return Delivery(protocol=self.name, handler=queue, job_id=item_id, ledger_id=f"{item_id}:0",
-                        payload=data.get("item"), wire=wire)
+                        payload=data.get("item"), wire=wire, invalid=str(err))
 
     def _delivery(self, queue: str, item_id: str, item: Any, attempts: int, lease: ItemLease | None,
                   connection: str | None) -> Delivery:
@@ -434,11 +447,9 @@ class ClaimQueueClient(HttpProtocolClient):
                 base = self.base_url
                 scheme = "wss" if base.startswith("https://") else "ws"
                 url = scheme + base[base.index("://"):] + self._path("work", queue)
-                # websockets is the local extra, not in the Lambda layer (Lambda uses http).
-                from .claimqueue_socket import ClaimQueueSocket
-
-                sock = ClaimQueueSocket(url, self._token, connect_timeout=self._connect_timeout,
-                                        read_timeout=self._read_timeout, proxy=self._transport.proxy)
+                sock = _socket_transport().ClaimQueueSocket(
+                    url, self._token, connect_timeout=self._connect_timeout, read_timeout=self._read_timeout,
+                    proxy=self._transport.proxy)
                 self._sockets[queue] = sock
             return sock
 

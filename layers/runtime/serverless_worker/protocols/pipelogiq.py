@@ -382,7 +382,7 @@ class PipelogiqClient(HttpProtocolClient):
         Without a token, or without a usable stageId, pipelineId, executionId and
         attempt, nothing can be leased or reported: see :meth:`_settle_unaddressable`.
         With those but an otherwise malformed envelope or payload it still becomes a
-        Delivery carrying ``wire["invalid"]``, so the runtime reports a definite
+        Delivery carrying ``invalid``, so the runtime reports a definite
         VALIDATION_ERROR instead of leaving the stage running with no lease to recover.
         """
         try:
@@ -442,8 +442,6 @@ class PipelogiqClient(HttpProtocolClient):
             "traceparent": stage.traceparent,
             "headers": envelope.headers,
         }
-        if invalid is not None:
-            wire["invalid"] = invalid
         return Delivery(
             protocol=self.name,
             handler=stage.stageHandlerName or handler,
@@ -456,6 +454,7 @@ class PipelogiqClient(HttpProtocolClient):
             timeout_seconds=stage.timeoutSeconds,
             token=token,
             wire=wire,
+            invalid=invalid,
         )
 
     # -- lease -------------------------------------------------------------------------------

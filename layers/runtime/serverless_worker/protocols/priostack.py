@@ -384,7 +384,7 @@ class PriostackClient(HttpProtocolClient):
         A job without a string key is logged and counted (``pull`` stops when no job so
         far had one): converting a numeric key could address another job, so it stays
         active server-side (stranded until a server restart). A job with a string key but
-        other invalid fields still becomes a Delivery with ``wire["invalid"]`` set, so the
+        other invalid fields still becomes a Delivery with ``invalid`` set, so the
         runtime fails it with retries 0 (an incident an operator sees) instead of stranding it.
         """
         raw_key = raw.get("key") if isinstance(raw, dict) else None
@@ -409,7 +409,7 @@ class PriostackClient(HttpProtocolClient):
                 job_id=raw_key, ledger_id=f"{raw_key}:r{raw.get('retries')}", attempt=1,
                 retries_left=_int_or_none(raw_retries),
                 payload=raw.get("variables") if isinstance(raw.get("variables"), dict) else None,
-                wire={**wire, "invalid": reason},
+                wire=wire, invalid=reason,
             )
         return Delivery(
             protocol=self.name,

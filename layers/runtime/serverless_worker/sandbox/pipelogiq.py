@@ -6,7 +6,7 @@ with leases and refusal reasons, applies results asynchronously (a 202 is only
 "queued"), retries stages per their options, and records every step per stage so
 tests can read the whole history through the admin API.
 
-Choices where the document is silent (also listed in the project's closing note):
+Choices where the document is silent:
 
 - A session whose worker differs from the body's ``workerId`` gets ``403`` (the
   credential is valid, but not for that worker).

@@ -39,9 +39,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``SqliteStateStore`` is imported on first use: Lambda never needs sqlite3 at a cold start."""
+    """``SqliteStateStore`` is imported on first use: Lambda never needs sqlite3 at a cold start,
+    and its layer leaves the SQLite backend out (layers/runtime/Makefile)."""
     if name == "SqliteStateStore":
-        from .sqlite_store import SqliteStateStore
+        try:
+            from .sqlite_store import SqliteStateStore
+        except ModuleNotFoundError as err:
+            raise ImportError("SqliteStateStore is the local runner's backend, which the Lambda layer "
+                              "leaves out; Lambda uses DynamoStateStore") from err
 
         return SqliteStateStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
