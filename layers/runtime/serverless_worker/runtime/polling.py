@@ -36,6 +36,7 @@ __all__ = [
     "KeyedBackoff",
     "answered_early",
     "backoff_step",
+    "upper_half",
     "Liveness",
     "LIVENESS_MODES",
     "idle_polls",
@@ -64,6 +65,12 @@ def backoff_step(first: float, cap: float, failures: int) -> float:
     if failures <= 0:
         return 0.0
     return min(cap, first * 2.0 ** min(failures - 1, 30))
+
+
+def upper_half(step: float, rng: Callable[[], float]) -> float:
+    """A wait drawn from the upper half of ``step`` (``rng`` in [0, 1)): many workers that
+    back off together do not retry in step, and none waits less than half the step."""
+    return step * (0.5 + 0.5 * rng())
 
 
 def answered_early(asked_seconds: float, took_seconds: float) -> bool:
@@ -101,7 +108,7 @@ class EmptyPollBackoff:
         """Note one more empty pull and return how long to wait before the next one."""
         step = self.step()
         self._empties += 1
-        return step * (0.5 + 0.5 * self._rng())
+        return upper_half(step, self._rng)
 
     @property
     def empties(self) -> int:
@@ -141,7 +148,7 @@ class KeyedBackoff:
             if now - at >= self._forget_after:
                 refusals = 0
             refusals += 1
-            wait = backoff_step(self.first, self.cap, refusals) * (0.5 + 0.5 * self._rng())
+            wait = upper_half(backoff_step(self.first, self.cap, refusals), self._rng)
             self._keys[key] = (refusals, now, now + wait)
             while len(self._keys) > self._max_keys:
                 self._keys.popitem(last=False)

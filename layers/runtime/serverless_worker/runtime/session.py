@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ServerlessWorkerError, SessionRecoveryPausedError
 from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
-from .polling import backoff_step
+from .polling import backoff_step, upper_half
 
 if TYPE_CHECKING:
     from ..state.contract import StateStore
@@ -125,7 +125,7 @@ class SessionKeeper:
         if self._recovery_wait is None or self._recovery_wait[0] != fingerprint:
             # Drawn once per rejected session: asking again must not roll the dice again.
             step = backoff_step(RECOVERY_FIRST_SECONDS, RECOVERY_MAX_SECONDS, self._quick_rejections + 1)
-            self._recovery_wait = (fingerprint, step * (0.5 + 0.5 * self._rng()))
+            self._recovery_wait = (fingerprint, upper_half(step, self._rng))
         return max(0.0, self._recovery_wait[1] - age)
 
     def _pace_recovery(self, protocol: WorkerProtocol, stale: SessionState | None) -> None:
