@@ -4,8 +4,6 @@ pulled with it, which the executors complete."""
 
 from __future__ import annotations
 
-import base64
-import os
 from typing import Any
 
 import pytest
@@ -13,20 +11,11 @@ from e2e_support import done, jobs_by_id, ledger, wait_for
 from handlers_lease import LEASE_HANDLERS_PATH
 
 from serverless_worker.state import LedgerStatus
+from support.poison import incompressible, nested
 
 pytestmark = pytest.mark.aws
 
 
-def nested(levels: int) -> dict[str, Any]:
-    value: dict[str, Any] = {"leaf": True}
-    for _ in range(levels):
-        value = {"a": value}
-    return value
-
-
-def incompressible(size: int) -> str:
-    """Text deflate hardly shrinks: the DynamoDB ledger stores a delivery deflated."""
-    return base64.b64encode(os.urandom(size * 3 // 4)).decode()
 
 
 def validation_error(protocol: str, job: dict[str, Any]) -> str:

@@ -9,7 +9,6 @@ never runs the handler and never stops the run as a configuration error.
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import subprocess
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.poison import incompressible, nested
 
 pytestmark = pytest.mark.cli
 
@@ -62,18 +63,12 @@ def row(output: str, label: str) -> int:
     return int(match.group(1))
 
 
-def nested(levels: int) -> dict[str, Any]:
-    value: dict[str, Any] = {"leaf": True}
-    for _ in range(levels):
-        value = {"a": value}
-    return value
-
 
 def test_poisoned_priostack_jobs_fail_with_their_reason_and_the_rest_of_the_batch_completes(
         sandbox: Callable[..., Any], handler_file: Path) -> None:
     # given six jobs activated in one batch: two poisoned (nested 300 deep, 1 MiB of variables)
     server, admin = sandbox("priostack")
-    blob = base64.b64encode(os.urandom(3 << 18)).decode()  # 1 MiB of text
+    blob = incompressible(1 << 20)  # 1 MiB of text
     keys = admin.seed({"jobs": [{"type": "work", "variables": {"n": 0}, "retries": 3},
                                 {"type": "work", "variables": nested(300), "retries": 3},
                                 {"type": "work", "variables": {"n": 2}, "retries": 3},

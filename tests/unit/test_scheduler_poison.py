@@ -10,8 +10,6 @@ path is tests/aws/test_poison.py); the dispatcher only notes the keys it is give
 
 from __future__ import annotations
 
-import base64
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,22 +25,13 @@ from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.settings import Settings
 from serverless_worker.state import LedgerStatus, SqliteStateStore
+from support.poison import incompressible, nested
 from support.waiting import wait_for
 
 INSTANCE = "poison-test"
 CREDENTIALS = {"pipelogiq": "sandbox-api-key", "priostack": "sandbox-api-key", "claimqueue": "sandbox-token"}
 
 
-def nested(levels: int) -> dict[str, Any]:
-    value: dict[str, Any] = {"leaf": True}
-    for _ in range(levels):
-        value = {"a": value}
-    return value
-
-
-def incompressible(size: int) -> str:
-    """``size`` characters that deflate hardly shrinks (the DynamoDB ledger stores deliveries deflated)."""
-    return base64.b64encode(os.urandom(size * 3 // 4)).decode()
 
 
 # Each poison's job content, and the words its reason must carry.
