@@ -21,6 +21,7 @@ __all__ = [
     "always_on_alternatives",
     "fixed_monthly",
     "idle_calls_per_hour",
+    "jobs_per_second_per_thousand",
     "long_path_transitions",
     "per_million_jobs",
 ]
@@ -126,15 +127,20 @@ def _billed_seconds(seconds: float) -> float:
 
 def per_million_jobs(*, protocol: str, dynamodb: dict[str, Any], executor_ms: float, executor_memory_mb: int,
                      steps_memory_mb: int, long_path: dict[str, int],
-                     ledger_units: tuple[float, float] | None = None) -> dict[str, Any]:
+                     ledger_units: tuple[float, float] | None = None, lambda_requests_per_job: float = 1.0,
+                     scheduler_gb_seconds_per_job: float = 0.0) -> dict[str, Any]:
     """Cost of a million short-path jobs (handler time excluded) and of a million long-running ones.
 
     ``ledger_units`` is (h)'s measure of the ledger's (table, index) write units a job; without
-    it they are modelled from the throughput run's writes and :data:`GSI_WRITES`."""
+    it they are modelled from the throughput run's writes and :data:`GSI_WRITES`. A backlog
+    run (``benchmarks/backlog.py``) gives its measured Lambda invocations a job and the
+    scheduler's billed GB-seconds a job; by default one executor invocation a job, and the
+    scheduler counted in the fixed monthly cost instead."""
     million = 1e6
     gb = executor_memory_mb / 1024
-    lambda_requests = million * PRICES["lambda_request"].usd
-    lambda_compute = million * _billed_seconds(executor_ms / 1000) * gb * PRICES["lambda_gb_second"].usd
+    lambda_requests = million * lambda_requests_per_job * PRICES["lambda_request"].usd
+    lambda_compute = million * (_billed_seconds(executor_ms / 1000) * gb
+                                + scheduler_gb_seconds_per_job) * PRICES["lambda_gb_second"].usd
     units = int(dynamodb.get("write_units_per_ledger_write") or 1)
     by_op = dynamodb.get("by_operation_per_job", {})
     base_wru = sum(count * (units if op in _LEDGER_WRITES else 1) for op, count in by_op.items()
@@ -165,6 +171,24 @@ def per_million_jobs(*, protocol: str, dynamodb: dict[str, Any], executor_ms: fl
         "long_path": {"step_functions_usd": sfn, "steps_lambda_usd": steps, "dynamodb_usd": dynamo,
                       **long_path},
     }
+
+
+def jobs_per_second_per_thousand(*, executor_ms_per_job: float, scheduler_cpu_s_per_job: float,
+                                  scheduler_memory_mb: int, concurrency: int = 1000) -> dict[str, Any]:
+    """The model's jobs per second for ``concurrency`` concurrent executions, short jobs.
+
+    Assumptions: each job holds an execution for ``executor_ms_per_job`` (measured: Lambda
+    bills and counts concurrency for that long); the one scheduler (reserved concurrency 1)
+    runs on its memory's share of a vCPU (``FULL_VCPU_MB``) and spends
+    ``scheduler_cpu_s_per_job`` of a whole one per job, as measured on the bench machine,
+    taken to be as fast as Lambda's; DynamoDB, the job server and Lambda's async invoke
+    (burst limits) are taken not to limit. The smaller bound is the model's rate."""
+    executors = concurrency / (executor_ms_per_job / 1000) if executor_ms_per_job > 0 else math.inf
+    share = min(1.0, scheduler_memory_mb / FULL_VCPU_MB)
+    scheduler = share / scheduler_cpu_s_per_job if scheduler_cpu_s_per_job > 0 else math.inf
+    return {"jobs_per_s": min(executors, scheduler), "executor_bound": executors, "scheduler_bound": scheduler,
+            "bound_by": "executors" if executors <= scheduler else "scheduler", "concurrency": concurrency,
+            "scheduler_vcpu_share": share}
 
 
 def idle_calls_per_hour(protocol: str, *, liveness: str, window_s: float, schedule_minutes: float,

@@ -25,7 +25,18 @@ TARGETS: dict[str, tuple[Callable[[float], bool], str]] = {
     "f_continuous": (lambda v: v <= 3.0, "<= $3 / month"),
     "g_rate": (lambda v: v >= 200, ">= 200 / s"),
     "h_write_units": (lambda v: v <= 6, "<= 6 write units / job"),
+    # (i), a backlog: the targets of executors that pull their own work, judged per delivery path.
+    "i_invocations": (lambda v: v <= 0.2, "<= 0.2 Lambda invocations / job"),
+    "i_write_units": (lambda v: v <= 4, "<= 4 ledger write units / job"),
+    "i_pickup_p50": (lambda v: v <= 1.0, "pickup p50 <= 1 s while busy"),
+    "i_usd": (lambda v: v <= 2.5, "<= $2.50 per million short jobs"),
 }
+
+# (i)'s figures judged against a target, and where each is in a backlog row.
+_BACKLOG_TARGETS = {"i_invocations": lambda r: r["invocations_per_job"],
+                    "i_write_units": lambda r: r["ledger_units_per_job"],
+                    "i_pickup_p50": lambda r: r["pickup_busy_s"]["p50"],
+                    "i_usd": lambda r: r["usd_per_million_short_jobs"]}
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -73,7 +84,22 @@ def verdicts(results: dict[str, Any]) -> dict[str, str]:
                                       for r in results.get("dispatch", {}).values())),
         "h_write_units": _verdict("h_write_units", (r.get("ledger_units_per_job")
                                                     for r in results.get("write_units", {}).values())),
+        **_backlog_verdicts(results.get("backlog", {})),
     }
+
+
+def _backlog_verdicts(backlog: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each (i) target judged per delivery path, on its worst protocol: "scheduler NOT met"."""
+    paths = sorted({path for by_path in backlog.values() for path in by_path})
+    marks = {}
+    for key, figure in _BACKLOG_TARGETS.items():
+        text = TARGETS[key][1]
+        judged = []
+        for path in paths:
+            mark = _verdict(key, (figure(by_path[path]) for by_path in backlog.values() if path in by_path))
+            judged.append(f"{path} {mark.rsplit(': ', 1)[1]}")
+        marks[key] = f"{text}: {', '.join(judged) or 'not measured'}"
+    return marks
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -309,6 +335,41 @@ def _write_units(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     return out
 
 
+def _backlog(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
+    """(i): one column per protocol and delivery path, the paths of a protocol side by side."""
+    backlog = results.get("backlog") or {}
+    columns = [(protocol, path) for protocol in results.get("meta", {}).get("protocols", [])
+               for path in sorted(backlog.get(protocol, {}))]
+    if not columns:
+        return []
+    first = backlog[columns[0][0]][columns[0][1]]
+    out = ["", f"(i) a backlog of {first['jobs']} jobs through the Lambda entry points (first tick to last "
+               f"settle; the scheduler ticks on its schedule; capacity {first['capacity']})"]
+    cells: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("jobs/s", lambda r: _fmt(r["jobs_per_s"], 1)),
+        ("Lambda invocations / job", lambda r: _fmt(r["invocations_per_job"], 3)),
+        ("  scheduler, executor, steps", lambda r: "/".join(str(r["invocations"].get(f, 0)) for f in
+                                                           ("SchedulerFunction", "ExecutorFunction",
+                                                            "StepsFunction"))),
+        ("ledger write units / job", lambda r: _fmt(r["ledger_units_per_job"])),
+        ("  other write units / job", lambda r: _fmt(r["other_units_per_job"])),
+        ("scheduler CPU ms / job", lambda r: _fmt(1000 * r["scheduler_cpu_s_per_job"])),
+        ("pickup while busy p50 / p95, s", lambda r: f"{_fmt(r['pickup_busy_s']['p50'])} / "
+                                                    f"{_fmt(r['pickup_busy_s']['p95'])}"),
+        ("$ / million short jobs", lambda r: _fmt(r["usd_per_million_short_jobs"])),
+        ("model jobs/s per 1,000 executions", lambda r: f"{_fmt(r['per_1000_concurrent']['jobs_per_s'], 0)} "
+                                                       f"({r['per_1000_concurrent']['bound_by']})"),
+        ("settled once / all", lambda r: f"{r['settled_once']}/{r['jobs']}"),
+    ]
+    rows = [[label] + [cell(backlog[protocol][path]) for protocol, path in columns] for label, cell in cells]
+    out += _table(["", *(f"{protocol} {path}" for protocol, path in columns)], rows)
+    out += [f"    target {marks[key]}" for key in _BACKLOG_TARGETS]
+    out.append("    model: each job holds an execution for its executor ms (a lone run's); the scheduler gets its "
+               "memory's vCPU share and the CPU per job measured here; DynamoDB, the job server and Lambda's "
+               "burst limits not limiting")
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
     meta = results.get("meta", {})
     marks = verdicts(results)
@@ -317,7 +378,7 @@ def render(results: dict[str, Any]) -> str:
            f"{meta.get('jobs')} jobs per protocol, concurrency {meta.get('concurrency')}, batch "
            f"{meta.get('batch_size')}, {'quick' if meta.get('quick') else 'full'} mode, "
            f"{_fmt(meta.get('seconds'), 0)} s"]
-    for section in (_throughput, _local, _coldstart, _latency, _cost, _dispatch, _write_units):
+    for section in (_throughput, _local, _coldstart, _latency, _cost, _dispatch, _write_units, _backlog):
         out += section(results, marks)
     if results.get("errors"):
         out += ["", "errors: " + "; ".join(results["errors"])]

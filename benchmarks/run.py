@@ -7,7 +7,8 @@ runner's SQLite state file, as ``serverless-worker local`` runs it), latency, di
 rate, an idle tick and lone executor runs, all against moto (a fresh table each) but the
 local pair: throughput and dispatch rate against moto's server in a process of its own,
 as DynamoDB is remote from Lambda (``--dynamodb embedded`` puts the throughput runtime's
-in-process), the others against the embedded one; then the DynamoDB write units; then,
+in-process), the others against the embedded one; then the DynamoDB write units; then
+per protocol and delivery path a backlog drained through the Lambda entry points; then,
 with nothing else running, ``serverless-worker local``'s time to its first pull and the
 cold starts (fresh processes); then the cost model, which only does arithmetic.
 """
@@ -31,7 +32,7 @@ from .harness import PROTOCOLS
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("throughput", "local", "latency", "dispatch", "idle", "first_pull", "coldstart", "write_units")
+STEPS = ("throughput", "local", "latency", "dispatch", "idle", "first_pull", "coldstart", "write_units", "backlog")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +46,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                         help="the throughput runtime's DynamoDB: moto's server in a process of its own "
                              "(default), or moto embedded in this process, as the local runner has it; "
                              "its CPU per job is measured apart either way")
+    parser.add_argument("--backlog-jobs", type=int, help="jobs in the backlog of (i) (default 2000; quick 200)")
     parser.add_argument("--local-rounds", type=int, default=3,
                         help="pairs (minimal worker, then local worker) per protocol for (a'); the median ratio "
                              "is reported (default 3; quick 1)")
@@ -95,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     _measure_with_aws(args, results, defaults, jobs=jobs, concurrency=concurrency)
     if "write_units" not in args.skip:
         results["write_units"] = _write_units(args.protocols, jobs=30 if args.quick else 100)
+    if "backlog" not in args.skip:
+        results["backlog"] = _backlog(args.protocols, results,
+                                      jobs=args.backlog_jobs or (200 if args.quick else 2000))
+        results["errors"] += [f"backlog {protocol} {path}: {e}" for protocol, by_path in results["backlog"].items()
+                              for path, row in by_path.items() for e in row["errors"]]
     if "first_pull" not in args.skip:
         results["first_pull"] = _first_pull(args.protocols, repeat=1 if args.quick else 3)
     if "coldstart" not in args.skip:
@@ -200,6 +207,25 @@ def _write_units(protocols: list[str], *, jobs: int) -> dict[str, Any]:
         row["usd_per_million_units"] = per_unit * 1e6
         row["usd_per_million_jobs"] = row["ledger_units_per_job"] * per_unit * 1e6
         measured[protocol] = row
+    return measured
+
+
+def _backlog(protocols: list[str], results: dict[str, Any], *, jobs: int) -> dict[str, Any]:
+    """(i) Per protocol and delivery path, a backlog drained through the Lambda entry points,
+    DynamoDB in a process of its own; executor time priced from the lone runs where measured."""
+    from .backlog import PATHS, measure_backlog
+    from .harness import MotoProcess
+
+    measured: dict[str, Any] = {}
+    with MotoProcess(pool_size=96) as dynamodb:
+        for protocol in protocols:
+            alone = results.get("executor_alone", {}).get(protocol, {}).get("mean_ms")
+            for path in PATHS:
+                _say(f"{protocol}: backlog of {jobs} jobs, {path} path, through the Lambda entry points")
+                row = measure_backlog(protocol, jobs=jobs, path=path, dynamodb=dynamodb, executor_ms_alone=alone)
+                measured.setdefault(protocol, {})[path] = row
+                _say(f"{protocol} {path}: {row['jobs_per_s'] or 0:.1f} jobs/s, "
+                     f"{row['invocations_per_job']:.2f} invocations / job")
     return measured
 
 

@@ -26,9 +26,11 @@ from typing import Any
 
 from serverless_worker.state.items import item_size
 
-__all__ = ["WriteUnitMeter", "index_units", "measure", "table_units"]
+__all__ = ["SessionWriteMeter", "WriteUnitMeter", "index_units", "measure", "table_units"]
 
 _WRITES = ("put_item", "update_item", "delete_item")
+_WRITE_OPERATIONS = ("PutItem", "UpdateItem", "DeleteItem")
+_READ_OPERATIONS = ("GetItem", "Query", "BatchGetItem", "Scan")
 _INDEX_KEYS = ("scope", "deadline")
 _TABLE_KEYS = ("pk", "sk")
 _INDEX_OVERHEAD = 100  # bytes DynamoDB adds to every index entry
@@ -108,6 +110,51 @@ class WriteUnitMeter:
             self.units[f"table:{kind}"] += table
             self.units[f"index:{kind}"] += index
             self.engine[kind] += engine  # type: ignore[assignment]
+
+
+class SessionWriteMeter(WriteUnitMeter):
+    """The same prices for every DynamoDB client a boto3 session builds after :meth:`attach`
+    (the runtime's own, built in its Lambda entry points), through botocore's events: the
+    item is read before the write's parameters are built and after its answer, with
+    ``reader``, a client of the same DynamoDB. Only ``table``'s requests are priced; read
+    requests are counted (``reads``)."""
+
+    def __init__(self, reader: Any, table: str) -> None:
+        super().__init__(reader)
+        self.table = table
+        self.reads = 0
+        self._attached: Any = None
+
+    def attach(self, events: Any) -> None:
+        events.register("before-parameter-build.dynamodb", self._before, unique_id="sw-bench-wru-before")
+        events.register("after-call.dynamodb", self._after, unique_id="sw-bench-wru-after")
+        self._attached = events
+
+    def detach(self) -> None:
+        if self._attached is not None:
+            self._attached.unregister("before-parameter-build.dynamodb", unique_id="sw-bench-wru-before")
+            self._attached.unregister("after-call.dynamodb", unique_id="sw-bench-wru-after")
+            self._attached = None
+
+    def _before(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+        if model.name in _WRITE_OPERATIONS and params.get("TableName") == self.table:
+            key = params.get("Key") or {name: params["Item"][name] for name in _TABLE_KEYS}
+            context["sw_bench_write"] = (key, params, self._item(self.table, key))
+
+    def _after(self, model: Any, context: dict[str, Any], parsed: dict[str, Any], **_: Any) -> None:
+        if model.name in _READ_OPERATIONS:
+            with self._lock:
+                self.reads += 1
+            return
+        pending = context.pop("sw_bench_write", None)
+        if pending is None:
+            return
+        key, request, before = pending
+        if "Error" in parsed:  # refused (a condition) or failed: priced as DynamoDB prices a refusal
+            self._note(_kind(before, request), table_units(before, None), 0, 0.0)
+            return
+        after = self._item(self.table, key)
+        self._note(_kind(before, request), table_units(before, after), index_units(before, after), 0.0)
 
 
 class _MeteredAws:
