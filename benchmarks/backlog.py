@@ -96,7 +96,7 @@ def pickup_while_busy(times: list[tuple[float | None, float | None, list[float]]
     With ``capacity`` slots, the (k+1)-th pickup needs k+1-capacity settles before it: the
     slot it takes frees at the (k+1-capacity)-th settle. It could be taken from then, or from
     its creation if later."""
-    taken = sorted((t, available or t) for available, t, _ in times if t is not None)
+    taken = sorted((t, t if available is None else available) for available, t, _ in times if t is not None)
     settles = sorted(s for _, _, done in times for s in done)
     waits = []
     for k, (at, available) in enumerate(taken):
@@ -137,7 +137,7 @@ class InvocationMeter:
 
     def __init__(self) -> None:
         self.invocations: Counter[str] = Counter()
-        self.wall_s: Counter[str] = Counter()
+        self.wall_s: dict[str, float] = dict.fromkeys(_FUNCTIONS, 0.0)
         self.scheduler_cpu_s = 0.0
         self.ticks: list[dict[str, Any]] = []
         self._lock = threading.Lock()
