@@ -324,11 +324,13 @@ def _wait_settled(sandbox: SandboxProcess, label: str, count: int, timeout: floa
 
 
 def measure_backlog(protocol: str, *, jobs: int, path: str = "scheduler", dynamodb: MotoProcess | None = None,
-                    settings: dict[str, Any] | None = None, timeout: float = 600.0,
+                    settings: dict[str, Any] | None = None, timeout: float | None = None,
                     executor_ms_alone: float | None = None) -> dict[str, Any]:
     """Drain a backlog of ``jobs`` on ``protocol``'s sandbox through ``path``; the figures in
     the module's docstring. ``settings`` (``SW_*`` without the prefix) override the template's
-    defaults (a test's short poll window). ``executor_ms_alone``, a lone executor run's mean
+    defaults (a test's short poll window). ``timeout`` bounds the wait for the last settle
+    (by default 2 minutes plus half a second a job: a loaded 2-core machine drains a few a
+    second). ``executor_ms_alone``, a lone executor run's mean
     (``idle.measure_executor_alone``), prices executor time as Lambda would bill it rather
     than as it stretched on this machine's shared cores."""
     if path not in PATH_SETTINGS:
@@ -340,7 +342,8 @@ def measure_backlog(protocol: str, *, jobs: int, path: str = "scheduler", dynamo
         try:
             started = time.time()
             stack.start_schedule()
-            drained = _wait_settled(sandbox, SETTLE_CALL[protocol], jobs, timeout)
+            drained = _wait_settled(sandbox, SETTLE_CALL[protocol], jobs,
+                                    timeout if timeout is not None else 120.0 + 0.5 * jobs)
         finally:
             ended = stack.stop_schedule(stack.scheduler_timeout + 30)
             stack.close()
