@@ -245,13 +245,7 @@ class StateStore(ABC):
         """
         now = self._clock()
         key, item = self._new_ledger_item(delivery, instance, deadline, dispatch_mode, now)
-        replace_if = transition("record_delivery", "a new delivery").condition
-        if again_after_hand_back:
-            replace_if = replace_if | transition("record_delivery",
-                                                 "`again_after_hand_back` (the scheduler always asks)").condition
-        if settled_before is not None:
-            replace_if = replace_if | transition(
-                "record_delivery", "`settled_before` (protocols whose settled ids return as new)").condition
+        replace_if = rules.recording_condition(again_after_hand_back, settled_before is not None)
         values = {"now": now, "settled_before": settled_before}
         try:
             old = self._put_record(key, item, replace_if, values, what="the delivery", return_old=True)

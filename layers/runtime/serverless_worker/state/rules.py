@@ -28,6 +28,7 @@ __all__ = [
     "UNFIT_PREFIX",
     "check_counter_deltas",
     "in_doubt",
+    "recording_condition",
     "transition",
     "transitions_markdown",
     "unfit_attribute",
@@ -174,6 +175,25 @@ TRANSITIONS: dict[tuple[str, str], Transition] = {(t.write, t.case): t for t in 
 def transition(write: str, case: str = "") -> Transition:
     """The table's row for one write (and case of it)."""
     return TRANSITIONS[(write, case)]
+
+
+def recording_condition(again_after_hand_back: bool, settled_before: bool) -> Condition:
+    """When ``record_delivery`` may replace a stored item: its rows for the cases asked (built once each)."""
+    return _RECORDING[(again_after_hand_back, settled_before)]
+
+
+def _recording(again_after_hand_back: bool, settled_before: bool) -> Condition:
+    condition = transition("record_delivery", "a new delivery").condition
+    if again_after_hand_back:
+        condition = condition | transition("record_delivery",
+                                           "`again_after_hand_back` (the scheduler always asks)").condition
+    if settled_before:
+        condition = condition | transition(
+            "record_delivery", "`settled_before` (protocols whose settled ids return as new)").condition
+    return condition
+
+
+_RECORDING = {(again, settled): _recording(again, settled) for again in (False, True) for settled in (False, True)}
 
 
 def transitions_markdown() -> str:

@@ -98,11 +98,26 @@ def _attr(name: str) -> str:
     return f"json_extract(doc, '$.{name}')"
 
 
-@functools.lru_cache(maxsize=256)
-def _where(condition: Condition) -> tuple[str, dict[str, Any], tuple[str, ...]]:
+_Where = tuple[str, dict[str, Any], tuple[str, ...]]
+# The rulebook's conditions are module constants: found by identity, without hashing the tree.
+_BY_IDENTITY: dict[int, tuple[Condition, _Where]] = {}
+
+
+def _where(condition: Condition) -> _Where:
     """A neutral condition as SQL over the row's document: the text, its literals' parameters
     (``:c0``...), and the names of the call's ``Param`` values it binds. Built once per
     condition (every write asks)."""
+    hit = _BY_IDENTITY.get(id(condition))
+    if hit is not None and hit[0] is condition:
+        return hit[1]
+    where = _translate(condition)
+    if len(_BY_IDENTITY) < 256:
+        _BY_IDENTITY[id(condition)] = (condition, where)  # held, so its id is never reused
+    return where
+
+
+@functools.lru_cache(maxsize=256)
+def _translate(condition: Condition) -> _Where:
     literals: dict[str, Any] = {}
     params: list[str] = []
 
