@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["All", "AnyOf", "Compare", "Condition", "Exists", "Missing", "OneOf", "Param", "StartsWith", "Update",
-           "describe"]
+__all__ = ["All", "AnyOf", "Compare", "Condition", "Exists", "Missing", "OneOf", "Param", "StartsWith", "Update"]
 
 
 @dataclass(frozen=True)
@@ -79,40 +78,6 @@ class All(Condition):
 @dataclass(frozen=True)
 class AnyOf(Condition):
     parts: tuple[Condition, ...]
-
-
-def _operand(value: Any) -> str:
-    if isinstance(value, Param):
-        return f"the call's `{value.name}`"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f"`{getattr(value, 'value', value)}`"
-
-
-def describe(condition: Condition | None, *, nested: bool = False) -> str:
-    """The condition in words for docs/ledger.md (``scripts/ledger_doc.py`` writes them there)."""
-    match condition:
-        case None:
-            return "none"
-        case Compare(attribute, op, value):
-            return f"`{attribute}` {op} {_operand(value)}"
-        case OneOf(attribute, values):
-            if len(values) == 1:
-                return f"`{attribute}` = {_operand(values[0])}"
-            return f"`{attribute}` in {', '.join(_operand(v) for v in values)}"
-        case Exists(attribute):
-            return f"`{attribute}` set"
-        case Missing(attribute):
-            return f"no `{attribute}`"
-        case StartsWith(attribute, prefix):
-            return f"`{attribute}` starts with {_operand(prefix)}"
-        case All(parts):
-            text = " and ".join(describe(part, nested=True) for part in parts)
-            return f"({text})" if nested else text
-        case AnyOf(parts):
-            text = " or ".join(describe(part, nested=True) for part in parts)
-            return f"({text})" if nested else text
-    raise TypeError(f"not a condition: {condition!r}")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocols.base import ReportReceipt
-from .conditions import Compare, Condition, Exists, Missing, OneOf, Param, StartsWith, describe
+from .conditions import Compare, Condition, Exists, Missing, OneOf, Param, StartsWith
 from .items import LedgerStatus
 from .keys import PK, SCOPE, SK, TTL
 
@@ -30,7 +30,6 @@ __all__ = [
     "in_doubt",
     "recording_condition",
     "transition",
-    "transitions_markdown",
     "unfit_attribute",
 ]
 
@@ -194,20 +193,6 @@ def _recording(again_after_hand_back: bool, settled_before: bool) -> Condition:
 
 
 _RECORDING = {(again, settled): _recording(again, settled) for again in (False, True) for settled in (False, True)}
-
-
-def transitions_markdown() -> str:
-    """The table as docs/ledger.md shows it."""
-    lines = ["| write | case | condition on the stored item | to | refused |", "| --- | --- | --- | --- | --- |"]
-    for t in _TABLE:
-        condition = describe(t.condition)
-        if t.write == "record_new":
-            condition = "no item"
-        elif t.creates:
-            condition = ("no item, or " if t.case == "a new delivery" else "also: ") + condition
-        to = f"`{t.to.value}`" + (" (final)" if t.to.is_final else "") if t.to is not None else "unchanged"
-        lines.append(f"| `{t.write}` | {t.case} | {condition} | {to} | {t.refused} |")
-    return "\n".join(lines) + "\n"
 
 
 # -- sessions, the lock, operator flags -----------------------------------------------------
