@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from serverless_worker.state.conditions import All, AnyOf, Compare, Condition, Exists, Missing, OneOf, Param, StartsWith
-from serverless_worker.state.rules import TRANSITIONS
+from serverless_worker.state.rules import CASE_RECORD_NEW, TRANSITIONS
 
 __all__ = ["BEGIN", "DOC", "END", "describe", "main", "rewrite", "transitions_markdown"]
 
@@ -61,7 +61,7 @@ def transitions_markdown() -> str:
         if t.write == "record_new":
             condition = "no item"
         elif t.creates:
-            condition = ("no item, or " if t.case == "a new delivery" else "also: ") + condition
+            condition = ("no item, or " if t.case == CASE_RECORD_NEW else "also: ") + condition
         to = f"`{t.to.value}`" + (" (final)" if t.to.is_final else "") if t.to is not None else "unchanged"
         lines.append(f"| `{t.write}` | {t.case} | {condition} | {to} | {t.refused} |")
     return "\n".join(lines) + "\n"

@@ -253,7 +253,7 @@ class StateStore(ABC):
             raise DeliveryTooLargeError(delivery.job_id, err) from None
         if old is None:
             log.info("duplicate delivery %s: already in the ledger", key)
-            noted = self._move(key, "record_delivery", "a duplicate: note `redelivered`",
+            noted = self._move(key, "record_delivery", rules.CASE_RECORD_DUPLICATE,
                                Update().set(redelivered=True, updated_at=self._clock()))
             if noted or not (again_after_hand_back or settled_before is not None):
                 return None
@@ -264,7 +264,7 @@ class StateStore(ABC):
         if old.get("unknown_to_server") and old.get("outcome") is not None:
             # A job the server forgot comes back with our outcome already stored: keep it, so
             # the executor re-reports it instead of running the handler a second time.
-            self._move(key, "record_delivery", "a forgotten job's stored outcome kept",
+            self._move(key, "record_delivery", rules.CASE_RECORD_FORGOTTEN,
                        Update().set(outcome=old["outcome"], status=LedgerStatus.OUTCOME_STORED.value,
                                     updated_at=self._clock()))
         return key
@@ -309,7 +309,7 @@ class StateStore(ABC):
         now = self._clock()
         update = Update().set(status=LedgerStatus.DISPATCH_FAILED.value, error=server_text(error),
                               updated_at=now).move_deadline(now)
-        return self._move(key, "mark_dispatch_failed", "deadline now: reaped next", update)
+        return self._move(key, "mark_dispatch_failed", rules.CASE_DISPATCH_FAILED_NOW, update)
 
     # -- ledger: the run ---------------------------------------------------------------
     def start_run(self, key: str, epoch: str, deadline: float) -> LedgerItem | None:
@@ -321,7 +321,7 @@ class StateStore(ABC):
         now = self._clock()
         update = (Update().set(status=LedgerStatus.RUNNING.value, epoch=epoch, updated_at=now)
                   .default(started_at=now).add(runs=1).move_deadline(deadline, extends=True))
-        case = "a hand-back claim (epoch `handback:...`)" if epoch.startswith(HANDBACK_EPOCH_PREFIX) else ""
+        case = rules.CASE_HANDBACK_CLAIM if epoch.startswith(HANDBACK_EPOCH_PREFIX) else ""
         attrs = self._apply(key, "start_run", case, update, {"epoch": epoch}, returns="new", what="the run")
         return LedgerItem.from_attributes(attrs) if attrs is not None else None
 
@@ -403,7 +403,7 @@ class StateStore(ABC):
             return self._final(key, "mark_acknowledged", "", LedgerStatus.ACKNOWLEDGED, wait=wait)
         # A report the server did not know marks the item so that the job's return is recorded again.
         not_found = in_doubt(receipt)
-        case = "with a receipt the server answered \"not found\"" if not_found else "with the receipt"
+        case = rules.CASE_WITH_RECEIPT_NOT_FOUND if not_found else rules.CASE_WITH_RECEIPT
         return self._final(key, "mark_acknowledged", case, LedgerStatus.ACKNOWLEDGED, report=compact_model(receipt),
                            unknown_to_server=not_found, wait=wait)
 
@@ -413,12 +413,12 @@ class StateStore(ABC):
 
     def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
         """Final: returned to the server unstarted. With ``epoch``, only if that run owns it."""
-        return self._final(key, "mark_handed_back", "with the run's epoch" if epoch else "", LedgerStatus.HANDED_BACK,
+        return self._final(key, "mark_handed_back", rules.CASE_WITH_EPOCH if epoch else "", LedgerStatus.HANDED_BACK,
                            reason=reason, epoch=epoch)
 
     def mark_discarded(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
         """Final: dropped unrun (stale, refused, lost). Duplicates never reach this: they have no item."""
-        return self._final(key, "mark_discarded", "with the run's epoch" if epoch else "", LedgerStatus.DISCARDED,
+        return self._final(key, "mark_discarded", rules.CASE_WITH_EPOCH if epoch else "", LedgerStatus.DISCARDED,
                            reason=reason, epoch=epoch)
 
     def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
@@ -428,7 +428,7 @@ class StateStore(ABC):
         ``0`` when the item is already final (someone else settled it meanwhile)."""
         update = (Update().set(error=server_text(error), updated_at=self._clock()).add(settle_failures=1)
                   .move_deadline(retry_at))
-        attrs = self._apply(key, "note_settle_failure", "deadline = the reaper's retry time", update, {},
+        attrs = self._apply(key, "note_settle_failure", rules.CASE_SETTLE_RETRY, update, {},
                             returns="updated", what="the ledger item")
         return int(attrs["settle_failures"]) if attrs is not None else 0
 

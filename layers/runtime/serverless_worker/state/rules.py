@@ -83,6 +83,20 @@ IN_FLIGHT = Exists(SCOPE)
 EXPIRED = Compare(TTL, "<", Param("now"))
 
 
+# Cases of a write that has more than one row (the table's second column).
+CASE_RECORD_NEW = "a new delivery"
+CASE_RECORD_AGAIN = "`again_after_hand_back` (the scheduler always asks)"
+CASE_RECORD_SETTLED_BEFORE = "`settled_before` (protocols whose settled ids return as new)"
+CASE_RECORD_DUPLICATE = "a duplicate: note `redelivered`"
+CASE_RECORD_FORGOTTEN = "a forgotten job's stored outcome kept"
+CASE_DISPATCH_FAILED_NOW = "deadline now: reaped next"
+CASE_HANDBACK_CLAIM = "a hand-back claim (epoch `handback:...`)"
+CASE_WITH_RECEIPT = "with the receipt"
+CASE_WITH_RECEIPT_NOT_FOUND = "with a receipt the server answered \"not found\""
+CASE_WITH_EPOCH = "with the run's epoch"
+CASE_SETTLE_RETRY = "deadline = the reaper's retry time"
+
+
 @dataclass(frozen=True)
 class Transition:
     """One conditional write of a ledger item: the store method, the case of it, the
@@ -98,35 +112,35 @@ class Transition:
 
 
 _TABLE = (
-    Transition("record_delivery", "a new delivery", EXPIRED, S.RECORDED, "`None`: a duplicate", creates=True),
+    Transition("record_delivery", CASE_RECORD_NEW, EXPIRED, S.RECORDED, "`None`: a duplicate", creates=True),
     # Also while a hand-back is still in progress (its claim's epoch says so): the server may
     # redeliver before the hand-back's own ledger write lands, and that delivery is the job
     # coming back; or a job whose report the server answered "not found" (a Priostack restart
     # forgot the activation): it comes back under the same key and must not be dropped.
-    Transition("record_delivery", "`again_after_hand_back` (the scheduler always asks)",
+    Transition("record_delivery", CASE_RECORD_AGAIN,
                status_in(S.HANDED_BACK) | (status_in(S.RUNNING) & StartsWith("epoch", HANDBACK_EPOCH_PREFIX))
                | Compare("unknown_to_server", "=", True), S.RECORDED, "`None`: a duplicate", creates=True),
     # The server handed out the id after it had our outcome, which it does only once it
     # forgot it (reset): new work.
-    Transition("record_delivery", "`settled_before` (protocols whose settled ids return as new)",
+    Transition("record_delivery", CASE_RECORD_SETTLED_BEFORE,
                status_in(S.ACKNOWLEDGED, S.DISCARDED) & Compare("updated_at", "<", Param("settled_before")),
                S.RECORDED, "`None`: a duplicate", creates=True),
     # A duplicate while in flight is noted: a report the server then answers "not found" must be sent again.
-    Transition("record_delivery", "a duplicate: note `redelivered`", IN_FLIGHT, None, "nothing to note"),
+    Transition("record_delivery", CASE_RECORD_DUPLICATE, IN_FLIGHT, None, "nothing to note"),
     # A job the server forgot comes back with our outcome stored: re-report it, never re-run.
-    Transition("record_delivery", "a forgotten job's stored outcome kept", status_in(S.RECORDED),
+    Transition("record_delivery", CASE_RECORD_FORGOTTEN, status_in(S.RECORDED),
                S.OUTCOME_STORED, "`RECORDED` kept"),
     Transition("record_new", "each delivery of a batch", Missing(PK), S.RECORDED,
                "`None`: `record_delivery` decides", creates=True),
     # Only a recorded item: an executor that claimed it first has already moved it on.
     Transition("mark_dispatched", "", status_in(S.RECORDED), S.DISPATCHED, "`False`"),
     # Only while no run has claimed it: an ambiguous invoke may have started the executor after all.
-    Transition("mark_dispatch_failed", "deadline now: reaped next", status_in(S.RECORDED, S.DISPATCHED),
+    Transition("mark_dispatch_failed", CASE_DISPATCH_FAILED_NOW, status_in(S.RECORDED, S.DISPATCHED),
                S.DISPATCH_FAILED, "`False`"),
     # Claim an unstarted delivery, or resume our own run (a continuation slice, a retried invocation).
     Transition("start_run", "", status_in(S.RECORDED, S.DISPATCHED) | OWNED, S.RUNNING, "`None`"),
     # One whose dispatch failed is only claimed to be handed back (the reaper), never run.
-    Transition("start_run", "a hand-back claim (epoch `handback:...`)",
+    Transition("start_run", CASE_HANDBACK_CLAIM,
                status_in(S.RECORDED, S.DISPATCHED, S.DISPATCH_FAILED) | OWNED, S.RUNNING, "`None`"),
     # Compare-and-swap on the epoch: one successor wins, and the old run's fenced writes fail from now on.
     Transition("take_over", "", status_in(S.RUNNING) & Compare("epoch", "=", Param("old_epoch")), S.RUNNING,
@@ -146,22 +160,22 @@ _TABLE = (
     # Acknowledging settles a reported outcome, once.
     Transition("mark_acknowledged", "", status_in(S.REPORTED), S.ACKNOWLEDGED, "`False`"),
     # Report and acknowledgement of a stored outcome recorded together, once.
-    Transition("mark_acknowledged", "with the receipt", status_in(S.OUTCOME_STORED, S.REPORTED), S.ACKNOWLEDGED,
+    Transition("mark_acknowledged", CASE_WITH_RECEIPT, status_in(S.OUTCOME_STORED, S.REPORTED), S.ACKNOWLEDGED,
                "`False`"),
     # Not while a redelivery is noted: the report is due again (see record_delivery).
-    Transition("mark_acknowledged", "with a receipt the server answered \"not found\"",
+    Transition("mark_acknowledged", CASE_WITH_RECEIPT_NOT_FOUND,
                status_in(S.OUTCOME_STORED, S.REPORTED) & Missing("redelivered"), S.ACKNOWLEDGED, "`False`"),
     Transition("clear_redelivered", "", Exists("redelivered"), None, "`False`"),
     # Anything the server has no outcome for may go back; a live run is claimed first
     # (start_run, take_over) or fenced here by its epoch.
     Transition("mark_handed_back", "", UNREPORTED, S.HANDED_BACK, "`False`"),
-    Transition("mark_handed_back", "with the run's epoch", UNREPORTED & Compare("epoch", "=", Param("epoch")),
+    Transition("mark_handed_back", CASE_WITH_EPOCH, UNREPORTED & Compare("epoch", "=", Param("epoch")),
                S.HANDED_BACK, "`False`"),
     Transition("mark_discarded", "", UNREPORTED, S.DISCARDED, "`False`"),
-    Transition("mark_discarded", "with the run's epoch", UNREPORTED & Compare("epoch", "=", Param("epoch")),
+    Transition("mark_discarded", CASE_WITH_EPOCH, UNREPORTED & Compare("epoch", "=", Param("epoch")),
                S.DISCARDED, "`False`"),
     # Only while in flight: a final item left the index and must not be put back in it.
-    Transition("note_settle_failure", "deadline = the reaper's retry time", IN_FLIGHT, None, "`0`"),
+    Transition("note_settle_failure", CASE_SETTLE_RETRY, IN_FLIGHT, None, "`0`"),
     Transition("postpone", "", IN_FLIGHT, None, "`False`"),
     # Only what has not been reported (a reported outcome is acknowledged instead); marked
     # unknown to the server, so that the job's return is recorded again.
@@ -182,13 +196,11 @@ def recording_condition(again_after_hand_back: bool, settled_before: bool) -> Co
 
 
 def _recording(again_after_hand_back: bool, settled_before: bool) -> Condition:
-    condition = transition("record_delivery", "a new delivery").condition
+    condition = transition("record_delivery", CASE_RECORD_NEW).condition
     if again_after_hand_back:
-        condition = condition | transition("record_delivery",
-                                           "`again_after_hand_back` (the scheduler always asks)").condition
+        condition = condition | transition("record_delivery", CASE_RECORD_AGAIN).condition
     if settled_before:
-        condition = condition | transition(
-            "record_delivery", "`settled_before` (protocols whose settled ids return as new)").condition
+        condition = condition | transition("record_delivery", CASE_RECORD_SETTLED_BEFORE).condition
     return condition
 
 
