@@ -1,4 +1,4 @@
-"""Every state-store test runs on each backend of the one contract (state/contract.py):
+"""Every state-store test runs on each backend of the one contract (state/base.py):
 DynamoDB on moto and on DynamoDB Local (AWS's own engine), and SQLite on a file in tmp_path.
 
 Both DynamoDB tables are created from template.yaml's ``StateTable`` by ``support.dynamodb``.

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..state.errors import StateStoreError
-from ..state.store import check_counter_deltas
+from ..state.rules import check_counter_deltas
 
 if TYPE_CHECKING:
-    from ..state.contract import StateStore
+    from ..state.base import StateStore
 
 __all__ = ["DEFAULT_FLUSH_SECONDS", "CounterBuffer"]
 

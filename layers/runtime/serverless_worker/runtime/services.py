@@ -26,7 +26,7 @@ from .session import SessionKeeper
 if TYPE_CHECKING:  # types only: the runtime must not pay for these imports before it needs them
     from ..registry import HandlerRegistry
     from ..settings import Settings
-    from ..state.contract import StateStore
+    from ..state.base import StateStore
     from .counters import CounterBuffer
 
 __all__ = ["DeliveryWatcher", "Services"]

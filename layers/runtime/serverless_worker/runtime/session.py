@@ -30,7 +30,7 @@ from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
 from .polling import backoff_step, upper_half
 
 if TYPE_CHECKING:
-    from ..state.contract import StateStore
+    from ..state.base import StateStore
 
 __all__ = ["RECOVERY_FIRST_SECONDS", "RECOVERY_MAX_SECONDS", "RECOVERY_QUICK_SECONDS", "SessionKeeper",
            "SessionUnavailableError", "needs_refresh"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError, ServerlessWorkerError
 from ..outcome import Outcome, OutcomeKind
 from ..protocols.base import Delivery, ReportReceipt
-from ..state.store import HANDBACK_EPOCH_PREFIX
+from ..state.rules import HANDBACK_EPOCH_PREFIX
 from .services import Services
 
 __all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",

@@ -1,14 +1,15 @@
 """The worker's state: sessions, the delivery ledger, counters, locks.
 
-The runtime depends on the :class:`StateStore` contract (``state/contract.py``); its
-backends are :class:`DynamoStateStore` (Lambda: one DynamoDB table, item design in
-``state/store.py``) and :class:`SqliteStateStore` (one SQLite file on one machine,
+The runtime depends on the :class:`StateStore` base (``state/base.py``: every operation,
+the item layout and the rules, with the transition table in ``state/rules.py``); its
+backends implement a few primitives: :class:`DynamoStateStore` (Lambda: one DynamoDB
+table, ``state/store.py``) and :class:`SqliteStateStore` (one SQLite file on one machine,
 ``state/sqlite_store.py``). Statuses and transitions: docs/ledger.md.
 """
 
 from __future__ import annotations
 
-from .contract import StateStore
+from .base import StateStore
 from .errors import InvalidKeyError, ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
 from .items import FINAL_STATUSES, IN_FLIGHT_STATUSES, DispatchMode, LedgerItem, LedgerStatus
 from .keys import IN_FLIGHT_INDEX, ledger_key, ledger_key_for, parse_ledger_key

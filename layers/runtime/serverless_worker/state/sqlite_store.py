@@ -1,6 +1,6 @@
 """The state store on one SQLite file (standard library ``sqlite3``, WAL mode).
 
-The same contract as the DynamoDB backend (``state/contract.py``, docs/ledger.md), for a
+The same store as the DynamoDB backend (``state/base.py`` owns every rule, docs/ledger.md), for a
 worker on one machine. Each item is one row: its attributes as a JSON document in
 ``doc`` (the same names and JSON-string documents as the DynamoDB item), with generated,
 indexed columns for what queries need (``scope`` + ``deadline``: the in-flight index;
@@ -29,59 +29,17 @@ import logging
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..logsafety import server_text
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import (
-    DeliveryTooLargeError,
-    ItemTooLargeError,
-    StaleWriteError,
-    StateStoreError,
-    UnrecordableDeliveryError,
-)
+from .base import Returns, StateStore
+from .conditions import All, AnyOf, Compare, Condition, Exists, Missing, OneOf, Param, StartsWith, Update
+from .errors import ItemTooLargeError, StateStoreError
 from .group_commit import GroupCommit
-from .items import (
-    DispatchMode,
-    LedgerItem,
-    LedgerStatus,
-    attributes_size,
-    attributes_size_bound,
-    compact_model,
-    dumps,
-    encoded_document,
-    recordable,
-    recorded_attributes,
-)
-from .keys import (
-    DEADLINE,
-    ITEM_MAX_BYTES,
-    PK,
-    SCOPE,
-    SK,
-    TTL,
-    control_key,
-    counters_key,
-    lock_key,
-    parse_ledger_key,
-    scope_of,
-    session_key,
-    sort_key_for,
-)
-from .rules import (
-    EXPIRED_RETENTION_SECONDS,
-    FINAL_RETENTION_SECONDS,
-    HANDBACK_EPOCH_PREFIX,
-    NOT_COUNTERS,
-    UNFIT_PREFIX,
-    check_counter_deltas,
-    in_doubt,
-    unfit_attribute,
-)
+from .items import attributes_size, attributes_size_bound, dumps, encoded_document
+from .keys import DEADLINE, ITEM_MAX_BYTES, PK, SCOPE, SK, TTL, sort_key_for
+from .rules import FINAL_RETENTION_SECONDS
 
 __all__ = ["SqliteStateStore"]
 
@@ -126,10 +84,6 @@ INSERT INTO items (pk, doc) SELECT pk, doc FROM items_v1;
 DROP TABLE items_v1;
 """
 
-_UNREPORTED_STATUSES = (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED, LedgerStatus.DISPATCH_FAILED,
-                        LedgerStatus.RUNNING, LedgerStatus.OUTCOME_STORED)
-
-
 @functools.lru_cache(maxsize=256)
 def _named_parameters(expression: str, count: int) -> str:
     """``expression`` with its ``count`` positional ``?`` as ``:p0``, ``:p1`` ..., to sit beside
@@ -144,22 +98,63 @@ def _attr(name: str) -> str:
     return f"json_extract(doc, '$.{name}')"
 
 
-def _exists(name: str) -> str:
-    return f"json_type(doc, '$.{name}') IS NOT NULL"
+_Where = tuple[str, dict[str, Any], tuple[str, ...]]
+# The rulebook's conditions are module constants: found by identity, without hashing the tree.
+_BY_IDENTITY: dict[int, tuple[Condition, _Where]] = {}
 
 
-def _status_in(statuses: Sequence[LedgerStatus]) -> str:
-    return _status_sql(tuple(statuses))
+def _where(condition: Condition) -> _Where:
+    """A neutral condition as SQL over the row's document: the text, its literals' parameters
+    (``:c0``...), and the names of the call's ``Param`` values it binds. Built once per
+    condition (every write asks)."""
+    hit = _BY_IDENTITY.get(id(condition))
+    if hit is not None and hit[0] is condition:
+        return hit[1]
+    where = _translate(condition)
+    if len(_BY_IDENTITY) < 256:
+        _BY_IDENTITY[id(condition)] = (condition, where)  # held, so its id is never reused
+    return where
 
 
-@functools.lru_cache(maxsize=32)
-def _status_sql(statuses: tuple[LedgerStatus, ...]) -> str:
-    """The SQL of a status condition, built once per set of statuses (every write asks)."""
-    return f"{_attr('status')} IN ({', '.join(repr(s.value) for s in statuses)})"
+@functools.lru_cache(maxsize=256)
+def _translate(condition: Condition) -> _Where:
+    literals: dict[str, Any] = {}
+    params: list[str] = []
+
+    def operand(value: Any) -> str:
+        if isinstance(value, Param):
+            params.append(value.name)
+            return f":{value.name}"
+        name = f"c{len(literals)}"
+        literals[name] = getattr(value, "value", value)  # a status as its stored name
+        return f":{name}"
+
+    def text(c: Condition, nested: bool = False) -> str:
+        match c:
+            case Compare(attribute, op, value):
+                return f"{_attr(attribute)} {op} {operand(value)}"
+            case OneOf(attribute, values):
+                return f"{_attr(attribute)} IN ({', '.join(operand(v) for v in values)})"
+            case Exists(attribute):
+                return f"json_type(doc, '$.{attribute}') IS NOT NULL"
+            case Missing(attribute):
+                return f"json_type(doc, '$.{attribute}') IS NULL"
+            case StartsWith(attribute, prefix):
+                placeholder = operand(prefix)
+                return f"substr({_attr(attribute)}, 1, length({placeholder})) = {placeholder}"
+            case All(parts) | AnyOf(parts):
+                joined = (" AND " if isinstance(c, All) else " OR ").join(text(p, True) for p in parts)
+                return f"({joined})" if nested else joined
+        raise TypeError(f"not a condition: {c!r}")
+
+    return text(condition), literals, tuple(params)
 
 
-_OWNED = f"{_attr('status')} = '{LedgerStatus.RUNNING.value}' AND {_attr('epoch')} = :epoch"
-_UNREPORTED = _status_in(_UNREPORTED_STATUSES)
+def _bound(condition: Condition | None, values: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    if condition is None:
+        return None, {}
+    sql, literals, params = _where(condition)
+    return sql, {**literals, **{name: values[name] for name in params}}
 
 
 class _Patch:
@@ -220,7 +215,23 @@ class _Patch:
         return self
 
 
-class SqliteStateStore:
+    @classmethod
+    def of(cls, update: Update) -> _Patch:
+        """The neutral update as a patch (the deadline is the one ``deadline``: no index here costs a write)."""
+        patch = cls()
+        if update.removes:
+            patch.remove(*update.removes)
+        patch.set(**update.sets)
+        if update.deadline is not None:
+            patch.set(deadline=update.deadline)
+        if update.defaults:
+            patch.set_if_missing(**update.defaults)
+        if update.adds:
+            patch.add(**update.adds)
+        return patch
+
+
+class SqliteStateStore(StateStore):
     """The worker's state in one SQLite file; ``path`` is created with its schema when new.
 
     ``clock`` and ``final_retention_seconds`` mean what they mean for the DynamoDB
@@ -231,14 +242,11 @@ class SqliteStateStore:
                  final_retention_seconds: int = FINAL_RETENTION_SECONDS, sweep_interval: float = 60.0,
                  busy_timeout_seconds: float = 30.0,
                  on_swept: Callable[[list[str]], None] | None = None) -> None:
+        super().__init__(clock=clock, final_retention_seconds=final_retention_seconds)
         self.path = str(path)
         self._on_swept = on_swept
-        self._clock = clock
-        self._final_retention = int(final_retention_seconds)
         self._sweep_interval = sweep_interval
         self._busy_timeout = busy_timeout_seconds
-        self.ops: Counter[str] = Counter()
-        self._ops_lock = threading.Lock()
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -324,10 +332,6 @@ class SqliteStateStore:
     def commits(self) -> int:
         """Write transactions committed (fewer than ``ops["write"]`` when writes were grouped)."""
         return self._writes.commits
-
-    def _count(self, kind: str) -> None:
-        with self._ops_lock:
-            self.ops[kind] += 1
 
     def _write(self, write: Callable[[sqlite3.Connection], _T], *, counted: bool = True) -> _T:
         """``write(connection)`` in a write transaction (``BEGIN IMMEDIATE``, so it never
@@ -442,7 +446,7 @@ class SqliteStateStore:
             return {}
         return self._write(write)
 
-    def _put(self, pk: str, attributes: dict[str, Any], condition: str, *, what: str,
+    def _put(self, pk: str, attributes: dict[str, Any], condition: str | None, *, what: str,
              **values: Any) -> tuple[bool, dict[str, Any]]:
         """Write the whole item when absent or ``condition`` holds; ``(written, old item)``."""
         self._maybe_sweep()
@@ -455,239 +459,78 @@ class SqliteStateStore:
                           (pk, text)).rowcount == 1:
                 return True, {}  # the usual case, a new item: one statement
             row = db.execute("SELECT doc FROM items WHERE pk = ?", (pk,)).fetchone()
+            if condition is None:
+                return False, dict(json.loads(row[0]))
             count = db.execute(f"UPDATE items SET doc = :doc WHERE pk = :pk AND ({condition})",
                                {"pk": pk, "doc": text, **values}).rowcount
             return count == 1, dict(json.loads(row[0]))
 
         return self._write(write)
 
-    # -- worker session ----------------------------------------------------------
-    def load_session(self, protocol: str, instance: str) -> tuple[SessionState, int] | None:
-        attrs = self._get(session_key(protocol, instance))
-        if attrs is None or float(attrs["expires_at"]) <= self._clock():
-            return None
-        return SessionState.model_validate(json.loads(attrs["session"])), int(attrs["version"])
+    # -- the base store's primitives ---------------------------------------------------
+    def _get_record(self, pk: str) -> dict[str, Any] | None:
+        return self._get(pk)
 
-    def save_session(self, protocol: str, instance: str, session: SessionState,
-                     expected_version: int | None) -> int:
-        pk = session_key(protocol, instance)
-        now = self._clock()
-        patch = _Patch().set(session=dumps(session.to_record()), expires_at=session.expires_at,
-                             ttl=int(session.expires_at) + EXPIRED_RETENTION_SECONDS, updated_at=now,
-                             protocol=protocol, instance=instance)
-        if expected_version is None:
-            # None stored, or one load_session treats as absent (expired, not yet swept).
-            condition = f"{_attr('expires_at')} IS NULL OR {_attr('expires_at')} <= :now"
-            doc = self._update(pk, patch.add(version=1), condition, what="the session", upsert=True, now=now)
-        else:
-            # Optimistic concurrency: nobody saved a session since we loaded this version.
-            doc = self._update(pk, patch.set(version=expected_version + 1), f"{_attr('version')} = :expected",
-                               what="the session", expected=expected_version)
-        if doc is None:
-            raise StaleWriteError(f"session changed since version {expected_version} was loaded", key=pk)
-        return int(doc["version"])
+    def _put_record(self, pk: str, attributes: dict[str, Any], replace_if: Condition | None,
+                    values: dict[str, Any], *, what: str, return_old: bool = False) -> dict[str, Any] | None:
+        where, params = _bound(replace_if, values)
+        written, old = self._put(pk, attributes, where, what=what, **params)
+        return (old if return_old else {}) if written else None
 
-    # -- bootstrap lock ----------------------------------------------------------
-    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        pk = lock_key(name)
-        now = self._clock()
-        expires_at = now + ttl_seconds
-        item = {PK: pk, SK: sort_key_for(pk), "owner": owner, "expires_at": expires_at, "acquired_at": now,
-                TTL: int(expires_at) + EXPIRED_RETENTION_SECONDS}
-        # Free, abandoned (past its expiry), or already ours (re-entrant extend).
-        condition = f"{_attr('expires_at')} <= :now OR {_attr('owner')} = :owner"
-        return self._put(pk, item, condition, what="the lock", now=now, owner=owner)[0]
+    def _update_record(self, pk: str, update: Update, condition: Condition | None, values: dict[str, Any], *,
+                       what: str, returns: Returns = "none", create: bool = False,
+                       wait: bool = True) -> dict[str, Any] | None:
+        where, params = _bound(condition, values)
+        return self._update(pk, _Patch.of(update), where, what=what, upsert=create, returning=returns != "none",
+                            wait=wait, **params)
 
-    def release_lock(self, name: str, owner: str) -> bool:
-        pk = lock_key(name)
-        # Only the holder frees it: a lock that expired and was taken by another stays theirs.
-        released: bool = self._write(lambda db: db.execute(
-            f"DELETE FROM items WHERE pk = :pk AND {_attr('owner')} = :owner",
-            {"pk": pk, "owner": owner}).rowcount == 1)
-        return released
+    def _delete_record(self, pk: str, condition: Condition, values: dict[str, Any]) -> bool:
+        where, params = _bound(condition, values)
+        deleted: bool = self._write(lambda db: db.execute(
+            f"DELETE FROM items WHERE pk = :pk AND ({where})", {"pk": pk, **params}).rowcount == 1)
+        return deleted
 
-    # -- delivery ledger: recording and dispatch -----------------------------------
-    def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
-                        settled_before: float | None = None) -> str | None:
-        now = self._clock()
-        key, item = _recorded_item(delivery, instance, deadline, dispatch_mode, now)
-        # A settled item past its ttl counts as gone (the sweep deletes late).
-        condition = f"{_attr(TTL)} < :now"
-        if again_after_hand_back:
-            # Handed back (or a hand-back in progress), or reported "not found": see store.py.
-            condition += (f" OR {_attr('status')} = '{LedgerStatus.HANDED_BACK.value}'"
-                          f" OR ({_attr('status')} = '{LedgerStatus.RUNNING.value}'"
-                          f" AND substr({_attr('epoch')}, 1, {len(HANDBACK_EPOCH_PREFIX)}) = :handback)"
-                          f" OR {_attr('unknown_to_server')} = 1")
-        if settled_before is not None:
-            # Or settled before the pull was sent: a server that forgot it (reset) handed out new work.
-            condition += (f" OR ({_status_in([LedgerStatus.ACKNOWLEDGED, LedgerStatus.DISCARDED])}"
-                          f" AND {_attr('updated_at')} < :settled_before)")
-        try:
-            written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                     handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
-        except ItemTooLargeError as err:
-            raise DeliveryTooLargeError(delivery.job_id, err) from None
-        if not written:
-            # While in flight, note the redelivery (a "not found" report must then be sent again).
-            if self._update(key, _Patch().set(redelivered=True, updated_at=now), _exists(SCOPE),
-                            what="the ledger item", returning=False) is not None \
-                    or not (again_after_hand_back or settled_before is not None):
-                return None
-            written, old = self._put(key, item, condition, what="the delivery", now=now,
-                                     handback=HANDBACK_EPOCH_PREFIX, settled_before=settled_before)
-            if not written:
-                return None
-        if old.get("unknown_to_server") and old.get("outcome") is not None:
-            # A job the server forgot comes back with our outcome stored: re-report, never re-run.
-            self._transition(key, _Patch().set(outcome=old["outcome"], status=LedgerStatus.OUTCOME_STORED.value,
-                                               updated_at=now), _status_in([LedgerStatus.RECORDED]))
-        return key
+    def _in_flight_records(self, scope: str, *, before: float | None = None) -> list[dict[str, Any]]:
+        extra = " AND deadline < :before" if before is not None else ""
+        return [json.loads(row[0]) for row in self._query(scope, "doc", extra, before=before)]
 
-    records_in_batches = True  # see record_new
+    def _count_in_flight_records(self, scope: str, *, live_at: float | None = None) -> int:
+        extra = " AND deadline >= :live_at" if live_at is not None else ""
+        return int(self._query(scope, "count(*)", extra, live_at=live_at)[0][0])
 
-    def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
-                   deadline: float) -> list[str | None]:
-        """Every delivery with no item yet, in one transaction: a pulled batch costs one
-        commit and one wait, where a write per delivery cost a commit, a wait and a thread
-        hand-off each (docs/contributing/performance-history.md: an eighth of the local worker's CPU a
-        job on Priostack). ``None`` for the others, and for one too large to record:
-        ``record_delivery`` decides (and raises) for those."""
+    def _pack_delivery(self, record: dict[str, Any], job_id: str) -> Any:
+        packed = dumps(record)
+        encoded_document(job_id, packed)  # SQLite stores UTF-8: a lone surrogate fails the whole batch
+        return packed
+
+    records_in_batches = True  # see _put_new_records
+
+    def _put_new_records(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """Every item with no row yet, in one transaction: a pulled batch costs one commit and
+        one wait, where a write per delivery cost a commit, a wait and a thread hand-off each
+        (docs/contributing/performance-history.md: an eighth of the local worker's CPU a job on
+        Priostack). One too large to record is left out (``record_delivery`` raises it)."""
         self._maybe_sweep()
-        now = self._clock()
-        rows: list[tuple[int, str, str]] = []
-        for index, (delivery, mode) in enumerate(deliveries):
+        texts: list[tuple[int, str, str]] = []
+        for index, (key, item) in enumerate(rows):
+            text = dumps(item)
             try:
-                key, item = _recorded_item(delivery, instance, deadline, mode, now)
-                text = dumps(item)
                 self._check_size(key, "the delivery", item, text)
-            except (ItemTooLargeError, UnrecordableDeliveryError):
+            except ItemTooLargeError:
                 continue
-            rows.append((index, key, text))
-        keys: list[str | None] = [None] * len(deliveries)
-        if not rows:
-            return keys
-        with self._ops_lock:
-            self.ops["write"] += len(rows)
+            texts.append((index, key, text))
+        written = [False] * len(rows)
+        if not texts:
+            return written
+        self._count("write", len(texts))
 
         def write(db: sqlite3.Connection) -> list[bool]:
             return [db.execute("INSERT INTO items (pk, doc) VALUES (?, ?) ON CONFLICT (pk) DO NOTHING",
-                               (key, text)).rowcount == 1 for _, key, text in rows]
+                               (key, text)).rowcount == 1 for _, key, text in texts]
 
-        for (index, key, _), written in zip(rows, self._write(write, counted=False), strict=True):
-            if written:
-                keys[index] = key
-        return keys
-
-    def mark_dispatched(self, key: str) -> bool:
-        now = self._clock()
-        return self._transition(key, _Patch().set(status=LedgerStatus.DISPATCHED.value, updated_at=now,
-                                                  dispatched_at=now), _status_in([LedgerStatus.RECORDED]))
-
-    def mark_dispatch_failed(self, key: str, error: str) -> bool:
-        now = self._clock()
-        patch = _Patch().set(status=LedgerStatus.DISPATCH_FAILED.value, error=server_text(error), deadline=now,
-                             updated_at=now)
-        return self._transition(key, patch, _status_in([LedgerStatus.RECORDED, LedgerStatus.DISPATCHED]))
-
-    # -- delivery ledger: the run ---------------------------------------------------
-    def start_run(self, key: str, epoch: str, deadline: float) -> LedgerItem | None:
-        parse_ledger_key(key)
-        now = self._clock()
-        patch = (_Patch().set(status=LedgerStatus.RUNNING.value, epoch=epoch, deadline=deadline, updated_at=now)
-                 .set_if_missing(started_at=now).add(runs=1))
-        unstarted = [LedgerStatus.RECORDED, LedgerStatus.DISPATCHED]
-        if epoch.startswith(HANDBACK_EPOCH_PREFIX):
-            unstarted.append(LedgerStatus.DISPATCH_FAILED)  # claimed only to be handed back
-        doc = self._update(key, patch, f"{_status_in(unstarted)} OR ({_OWNED})", what="the run", epoch=epoch)
-        return LedgerItem.from_attributes(doc) if doc is not None else None
-
-    def take_over(self, key: str, *, old_epoch: str, new_epoch: str, deadline: float) -> bool:
-        parse_ledger_key(key)
-        patch = (_Patch().remove("cancel_reason", "handover_requested")
-                 .set(epoch=new_epoch, deadline=deadline, updated_at=self._clock(), renewals=0).add(runs=1))
-        # Compare-and-swap on the epoch: one successor wins.
-        return self._update(key, patch, _OWNED, what="the run", epoch=old_epoch, returning=False) is not None
-
-    def get(self, key: str) -> LedgerItem | None:
-        parse_ledger_key(key)
-        attrs = self._get(key)
-        return LedgerItem.from_attributes(attrs) if attrs is not None else None
-
-    def save_checkpoint(self, key: str, epoch: str, checkpoint: Any, deadline: float | None = None) -> None:
-        self._fenced(key, epoch, _Patch().set(checkpoint=dumps(checkpoint), updated_at=self._clock(),
-                                              deadline=deadline), "the checkpoint")
-
-    def renew_deadline(self, key: str, epoch: str, deadline: float) -> int:
-        doc = self._fenced(key, epoch, _Patch().set(deadline=deadline, updated_at=self._clock()).add(renewals=1),
-                           "the deadline", returning=True)
-        return int(doc["renewals"])
-
-    def save_callback_token(self, key: str, epoch: str, token: str) -> None:
-        self._fenced(key, epoch, _Patch().set(callback_token=token, updated_at=self._clock()), "the callback token")
-
-    def request_cancel(self, key: str, epoch: str, reason: str) -> bool:
-        return self._transition(key, _Patch().set(cancel_reason=reason, updated_at=self._clock()), _OWNED,
-                                epoch=epoch)
-
-    def request_handover(self, key: str, epoch: str) -> bool:
-        return self._transition(key, _Patch().set(handover_requested=True, updated_at=self._clock()), _OWNED,
-                                epoch=epoch)
-
-    def clear_handover(self, key: str, epoch: str) -> bool:
-        patch = _Patch().set(handover_requested=False, renewals=0, updated_at=self._clock())
-        return self._transition(key, patch, _OWNED, epoch=epoch)
-
-    def store_outcome(self, key: str, epoch: str, outcome: Outcome) -> None:
-        now = self._clock()
-        patch = _Patch().remove("checkpoint").set(outcome=compact_model(outcome),
-                                                  status=LedgerStatus.OUTCOME_STORED.value, updated_at=now,
-                                                  finished_at=now)
-        self._fenced(key, epoch, patch, "the outcome")
-
-    # -- delivery ledger: settling ------------------------------------------------
-    def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
-        now = self._clock()
-        patch = _Patch().set(report=compact_model(receipt), status=LedgerStatus.REPORTED.value,
-                             reported_at=now, updated_at=now)
-        if in_doubt(receipt):
-            patch.set(unknown_to_server=True)  # the job may come back: see record_delivery
-        return self._transition(key, patch, _status_in([LedgerStatus.OUTCOME_STORED]))
-
-    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None, *, wait: bool = True) -> bool:
-        if receipt is None:
-            return self._final(key, LedgerStatus.ACKNOWLEDGED, _status_in([LedgerStatus.REPORTED]), wait=wait)
-        not_found = in_doubt(receipt)
-        condition = _status_in([LedgerStatus.OUTCOME_STORED, LedgerStatus.REPORTED])
-        if not_found:
-            condition = f"({condition}) AND NOT ({_exists('redelivered')})"
-        return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
-                           report=compact_model(receipt), unknown_to_server=not_found, wait=wait)
-
-    def clear_redelivered(self, key: str) -> bool:
-        return self._transition(key, _Patch().remove("redelivered").set(updated_at=self._clock()),
-                                _exists("redelivered"))
-
-    def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
-        return self._final(key, LedgerStatus.HANDED_BACK, _unreported(epoch), reason=reason, epoch=epoch)
-
-    def mark_discarded(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
-        return self._final(key, LedgerStatus.DISCARDED, _unreported(epoch), reason=reason, epoch=epoch)
-
-    def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
-        parse_ledger_key(key)
-        patch = _Patch().set(deadline=retry_at, error=server_text(error), updated_at=self._clock()).add(
-            settle_failures=1)
-        # Only while in flight: a final item left the index and must not be put back in it.
-        doc = self._update(key, patch, _exists(SCOPE), what="the ledger item")
-        return int(doc["settle_failures"]) if doc is not None else 0
-
-    def postpone(self, key: str, deadline: float) -> bool:
-        return self._transition(key, _Patch().set(deadline=deadline, updated_at=self._clock()), _exists(SCOPE))
-
-    def mark_abandoned(self, key: str, reason: str) -> bool:
-        return self._final(key, LedgerStatus.DISCARDED, _UNREPORTED, reason=reason, unknown_to_server=True)
+        for (index, _, _), done in zip(texts, self._write(write, counted=False), strict=True):
+            written[index] = done
+        return written
 
     def ledger_documents(self, *, updated_since: float | None = None) -> list[dict[str, Any]]:
         """Every delivery item's attributes: all of them, or those in flight and those written
@@ -737,106 +580,6 @@ class SqliteStateStore:
         except sqlite3.Error as err:
             raise StateStoreError(f"SQLite state store query of {scope} failed: {err}") from err
 
-    def _in_flight_rows(self, scope: str, extra: str, **values: Any) -> list[dict[str, Any]]:
-        return [json.loads(row[0]) for row in self._query(scope, "doc", extra, **values)]
-
-    def count_in_flight(self, protocol: str, instance: str, *, live_at: float | None = None) -> int:
-        extra = " AND deadline >= :live_at" if live_at is not None else ""
-        return int(self._query(scope_of(protocol, instance), "count(*)", extra, live_at=live_at)[0][0])
-
-    def in_flight(self, protocol: str, instance: str) -> list[LedgerItem]:
-        items = (LedgerItem.from_attributes(doc) for doc in self._in_flight_rows(scope_of(protocol, instance), ""))
-        return [item for item in items if not item.is_final]
-
-    def stranded(self, protocol: str, instance: str, now: float) -> list[LedgerItem]:
-        docs = self._in_flight_rows(scope_of(protocol, instance), " AND deadline < :now", now=now)
-        return [item for item in map(LedgerItem.from_attributes, docs) if not item.is_final]
-
-    # -- counters and control --------------------------------------------------------
-    def add_counters(self, protocol: str, instance: str, **deltas: int) -> None:
-        check_counter_deltas(deltas)
-        if deltas:
-            # No condition: additions commute, and counters are statistics, not transitions.
-            self._update(counters_key(protocol, instance), _Patch().set(updated_at=self._clock()).add(**deltas),
-                         None, what="the counters", upsert=True)
-
-    def read_counters(self, protocol: str, instance: str) -> dict[str, int]:
-        attrs = self._get(counters_key(protocol, instance)) or {}
-        return {name: int(value) for name, value in attrs.items() if name not in NOT_COUNTERS}
-
-    def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
-        attrs = self._get(control_key(protocol, instance)) or {}
-        unfit = {}
-        for name, value in attrs.items():
-            if name.startswith(UNFIT_PREFIX):
-                record = json.loads(value)
-                unfit[record["handler"]] = record["reason"]
-        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
-                "unfit": unfit}
-
-    def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
-        attribute = unfit_attribute(handler)
-        patch = _Patch().set(**{attribute: dumps({"handler": handler, "reason": server_text(reason, limit=1000)}),
-                                "updated_at": self._clock()})
-        # One attribute per handler, set once: two executors finding it at once never lose either.
-        return self._update(control_key(protocol, instance), patch, f"NOT ({_exists(attribute)})",
-                            what="control", upsert=True) is not None
-
-    def clear_unfit(self, protocol: str, instance: str) -> None:
-        pk = control_key(protocol, instance)
-        names = [name for name in (self._get(pk) or {}) if name.startswith(UNFIT_PREFIX)]
-        if names:
-            self._update(pk, _Patch().remove(*names).set(updated_at=self._clock()), None, what="control")
-
-    def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
-        patch = _Patch().set(stopped=server_text(reason, limit=1000), updated_at=self._clock()) if reason else \
-            _Patch().remove("stopped").set(updated_at=self._clock())
-        self._update(control_key(protocol, instance), patch, None, what="control", upsert=True)
-
-    def set_draining(self, protocol: str, instance: str, draining: bool) -> None:
-        self._update(control_key(protocol, instance), _Patch().set(draining=bool(draining), updated_at=self._clock()),
-                     None, what="control", upsert=True)
-
-    # -- internals -------------------------------------------------------------------
-    def _transition(self, key: str, patch: _Patch, condition: str, *, wait: bool = True, **values: Any) -> bool:
-        parse_ledger_key(key)
-        return self._update(key, patch, condition, what="the ledger item", returning=False, wait=wait,
-                            **values) is not None
-
-    def _fenced(self, key: str, epoch: str, patch: _Patch, what: str, *, returning: bool = False) -> dict[str, Any]:
-        """``patch`` applied by the run holding ``epoch``; the new document with ``returning``."""
-        parse_ledger_key(key)
-        # Only the run holding the epoch may change its item; anyone else lost it (reaped, taken over).
-        doc = self._update(key, patch, _OWNED, what=what, epoch=epoch, returning=returning)
-        if doc is None:
-            raise StaleWriteError(f"run {epoch!r} no longer owns this delivery; {what} was not saved", key=key)
-        return doc
-
-    def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
-               epoch: str | None = None, report: str | None = None, unknown_to_server: bool = False,
-               wait: bool = True) -> bool:
-        now = self._clock()
-        # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
-        patch = _Patch().remove(SCOPE, DEADLINE, "checkpoint").set(
-            status=status.value, updated_at=now, ttl=int(now) + self._final_retention,
-            error=server_text(reason, limit=1000) if reason is not None else None, report=report,
-            unknown_to_server=True if unknown_to_server else None)
-        values = {"epoch": epoch} if epoch else {}
-        return self._transition(key, patch, condition, wait=wait, **values)
-
-
-def _recorded_item(delivery: Delivery, instance: str, deadline: float,
-                   dispatch_mode: DispatchMode | str, now: float) -> tuple[str, dict[str, Any]]:
-    """A delivery's key and new ledger item, as ``record_delivery`` and ``record_new`` write it
-    (an attribute that is ``None`` is left out, as ``_put`` leaves it); UnrecordableDeliveryError
-    when it has none (``items.recordable``)."""
-    key, record = recordable(delivery)
-    packed = dumps(record)
-    encoded_document(delivery.job_id, packed)  # SQLite stores UTF-8: a lone surrogate fails the whole batch
-    item = recorded_attributes(key, delivery, packed_delivery=packed, instance=instance,
-                               deadline=deadline, dispatch_mode=dispatch_mode, now=now)
-    return key, {name: value for name, value in item.items() if value is not None}
-
 
 def _json_growth_bound(written: dict[str, Any]) -> int:
     """At most how many characters setting ``written`` adds to a JSON document: each name
@@ -851,7 +594,3 @@ def _json_growth_bound(written: dict[str, Any]) -> int:
         else:
             total += 6 * len(json.dumps(value)) + 2
     return total
-
-
-def _unreported(epoch: str | None) -> str:
-    return f"({_UNREPORTED}) AND {_attr('epoch')} = :epoch" if epoch else _UNREPORTED

@@ -1,64 +1,23 @@
-"""All DynamoDB access of the project: one table (``StateTable`` in template.yaml).
+"""The DynamoDB backend of the state store: one table (``StateTable`` in template.yaml).
 
-The Lambda backend of the state-store contract (``state/contract.py``); the SQLite one is
-``state/sqlite_store.py``. The rules both share live in ``state/rules.py``.
-
-Item design (``pk`` partition key, ``sk`` sort key, both strings):
-
-=====================================  ==========  ==============================================
-pk                                     sk          attributes
-=====================================  ==========  ==============================================
-``session#{protocol}#{instance}``      session     session (JSON of SessionState.to_record(), token
-                                                   included), version (N), expires_at, ttl
-``lock#{name}``                        lock        owner, expires_at, acquired_at, ttl
-``delivery#{protocol}#{ledger_id}``    delivery    status, delivery (Delivery.to_record() as deflated
-                                                   JSON bytes, items.pack_document; token included),
-                                                   protocol, handler, instance, attempt,
-                                                   dispatch_mode, epoch, runs, renewals, recorded_at,
-                                                   updated_at, started_at, finished_at,
-                                                   outcome/checkpoint/report (JSON, None fields
-                                                   left out), error, cancel_reason, handover_requested,
-                                                   callback_token; while in flight also
-                                                   scope=``{protocol}#{instance}`` + deadline
-                                                   (the sparse ``in-flight`` index) and due;
-                                                   once final, ttl
-``counters#{protocol}#{instance}``     counters    one N per counter (ADD), updated_at
-``control#{protocol}#{instance}``      control     stopped (reason), draining (bool), updated_at,
-                                                   unfit_{digest} (JSON handler + reason) per handler
-=====================================  ==========  ==============================================
-
-Ledger statuses (``LedgerStatus``) and the condition on each transition::
-
-    record_delivery   (new)                  -> RECORDED      absent, or final and past its ttl; asked,
-                                                              also handed back, or settled before the pull
-    mark_dispatched   RECORDED               -> DISPATCHED
-    mark_dispatch_failed RECORDED|DISPATCHED -> DISPATCH_FAILED (deadline = now: reaped next)
-    start_run         RECORDED|DISPATCHED    -> RUNNING(epoch)  also RUNNING(same epoch); a hand-back
-                      claim (epoch ``handback:...``) also takes DISPATCH_FAILED
-    take_over         RUNNING(old)           -> RUNNING(new)
-    save_checkpoint / renew_deadline / request_cancel / request_handover: RUNNING(epoch)
-    store_outcome     RUNNING(epoch)         -> OUTCOME_STORED
-    mark_reported     OUTCOME_STORED         -> REPORTED
-    mark_acknowledged REPORTED               -> ACKNOWLEDGED   final
-    mark_handed_back  any not yet REPORTED   -> HANDED_BACK    final (optionally epoch-fenced)
-    mark_discarded    any not yet REPORTED   -> DISCARDED      final (optionally epoch-fenced)
-    note_settle_failure any in flight        -> (same)         deadline = the reaper's retry time
-    mark_abandoned    any not yet REPORTED   -> DISCARDED      final, the job's return recorded again
-
-Final states drop ``scope``/``deadline``/``due`` (leaving the index) and set ``ttl`` seven days on.
+All DynamoDB access of the project. The rules (statuses, transitions, fences, item
+layout) are the base store's (``state/base.py``, ``state/rules.py``); this module turns its
+few primitives into DynamoDB requests and its neutral conditions and updates
+(``state/conditions.py``) into condition and update expressions.
 
 Index writes: the in-flight index holds keys only, so a write costs index units only when it
 adds (1), moves (2) or removes (1) an entry. Its range key ``deadline`` is set when the
 delivery is recorded and is *never later* than the item's own deadline ``due``: a run that
-pushes its deadline out (start_run, take_over, renew_deadline, save_checkpoint) writes
-``due`` only, and moves ``deadline`` just when the new deadline is earlier (a refused first
-try, then a second write). So the short path costs the index 2 units (record, settle), not 4.
-Readers treat the index as a superset: ``stranded`` re-checks ``due`` on the full item, and
-``count_in_flight(live_at=...)`` counts entries whose ``deadline`` has not passed and reads
-the few whose has (runs outliving their dispatch deadline) to check their ``due``.
-A refused transition that the caller branches on returns ``False``/``None``; a fenced
-write that loses (session version, run epoch) raises :class:`StaleWriteError`, because
-carrying on after losing ownership would report an outcome someone else owns.
+pushes its deadline out (an update whose deadline ``extends``: start_run, take_over,
+renew_deadline, save_checkpoint) writes ``due`` only, and moves ``deadline`` just when the
+new deadline is earlier (a refused first try, then a second write). So the short path costs
+the index 2 units (record, settle), not 4. Readers treat the index as a superset:
+``stranded`` re-checks ``due`` on the full item, and ``count_in_flight(live_at=...)`` counts
+entries whose ``deadline`` has not passed and reads the few whose has (runs outliving their
+dispatch deadline) to check their ``due``.
+
+Documents: the delivery is stored as raw-deflate compressed JSON bytes
+(``items.pack_document``) to keep the item under one write unit (1 KB) where the job allows.
 
 Sizes: DynamoDB items are capped at 400 KB. A write that would cross it raises
 :class:`ItemTooLargeError` (a ``PayloadTooLargeError``) naming the ledger key, before the
@@ -75,14 +34,11 @@ Example::
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import os
-import re
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from botocore.config import Config
@@ -91,64 +47,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import logsafety  # noqa: F401  (botocore must not log item bodies: they hold tokens)
 from ..awsclients import LazyClient
 from ..errors import ConfigurationError
-from ..logsafety import server_text
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .errors import (
-    DeliveryTooLargeError,
-    ItemTooLargeError,
-    StaleWriteError,
-    StateStoreError,
-    UnrecordableDeliveryError,
-)
-from .items import (
-    DispatchMode,
-    LedgerItem,
-    LedgerStatus,
-    compact_model,
-    dumps,
-    from_item,
-    item_size,
-    pack_document,
-    recordable,
-    recorded_attributes,
-    to_attribute,
-    to_item,
-)
-from .keys import (
-    DEADLINE,
-    DUE,
-    IN_FLIGHT_INDEX,
-    ITEM_MAX_BYTES,
-    PK,
-    SK,
-    TTL,
-    control_key,
-    counters_key,
-    lock_key,
-    parse_ledger_key,
-    scope_of,
-    session_key,
-    sort_key_for,
-)
-from .rules import (
-    EXPIRED_RETENTION_SECONDS,
-    FINAL_RETENTION_SECONDS,
-    HANDBACK_EPOCH_PREFIX,
-    NOT_COUNTERS,
-    UNFIT_PREFIX,
-    check_counter_deltas,
-    in_doubt,
-    unfit_attribute,
-)
+from .base import Returns, StateStore
+from .conditions import All, AnyOf, Compare, Condition, Exists, Missing, OneOf, Param, StartsWith, Update
+from .errors import ItemTooLargeError, StateStoreError
+from .items import LedgerItem, from_item, item_size, pack_document, to_attribute, to_item
+from .keys import DEADLINE, DUE, IN_FLIGHT_INDEX, ITEM_MAX_BYTES, PK, SCOPE, SK, sort_key_for
+from .rules import FINAL_RETENTION_SECONDS
 
-__all__ = [
-    "EXPIRED_RETENTION_SECONDS",
-    "FINAL_RETENTION_SECONDS",
-    "HANDBACK_EPOCH_PREFIX",
-    "DynamoStateStore",
-    "check_counter_deltas",
-]
+__all__ = ["DynamoStateStore"]
 
 log = logging.getLogger("serverless_worker.state")
 
@@ -159,42 +65,29 @@ log = logging.getLogger("serverless_worker.state")
 _CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5},
                         parameter_validation=False)
 
-_NAME = re.compile(r"#([A-Za-z_][A-Za-z0-9_]*)")
-_VALUE = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
 _BATCH_GET_MAX = 100
-
-# A run's fence: the item is running and this epoch owns it.
-_OWNED = "#status = :running AND #epoch = :epoch"
-# Not yet reported: the server has no outcome from us, so the delivery may still go back or be dropped.
-_UNREPORTED = "#status IN (:recorded, :dispatched, :dispatch_failed, :running, :outcome_stored)"
-_STATUS_VALUES = {status.name.lower(): status.value for status in LedgerStatus}
+_RETURNS = {"none": "NONE", "new": "ALL_NEW", "updated": "UPDATED_NEW"}
+# The index key stays put while it is not later than the item's new deadline (see above).
+_INDEX_KEY_STAYS = Missing(DEADLINE) | Compare(DEADLINE, "<=", Param("deadline"))
 
 
-class DynamoStateStore:
-    """The worker's state in one DynamoDB table (the Lambda backend of ``contract.StateStore``).
-
-    The client is built once when not given.
-
-    ``clock`` is the time source for every timestamp and expiry check (tests pass a fake
-    one). ``ops`` counts the DynamoDB requests made, as ``"read"`` and ``"write"``.
-    ``final_retention_seconds`` is how long a settled ledger item stays (the local runner
-    keeps them minutes, not the stack's seven days).
-    """
+class DynamoStateStore(StateStore):
+    """The worker's state in one DynamoDB table. The client is built on its first request
+    when not given; ``ops`` counts the DynamoDB requests made."""
 
     def __init__(self, table_name: str, *, client: Any = None,
                  clock: Callable[[], float] = time.time,
                  final_retention_seconds: int = FINAL_RETENTION_SECONDS) -> None:
         if not table_name:
             raise ConfigurationError("state table name is empty (set TABLE_NAME)")
+        super().__init__(clock=clock, final_retention_seconds=final_retention_seconds)
         self.table_name = table_name
         # Built on its first request (awsclients): a cold start does not pay for an unused client.
         self._client = client if client is not None else LazyClient("dynamodb", config=_CLIENT_CONFIG)
-        self._clock = clock
-        self._final_retention = int(final_retention_seconds)
-        self.ops: Counter[str] = Counter()
-        self._ops_lock = threading.Lock()
 
-    records_in_batches = False  # see record_new
+    # DynamoDB has no cheaper batch with conditions: the scheduler records each delivery on
+    # its dispatch pool, one conditional put each (the base's ``_put_new_records``).
+    records_in_batches = False
 
     @classmethod
     def from_env(cls, *, client: Any = None, clock: Callable[[], float] = time.time) -> DynamoStateStore:
@@ -204,505 +97,87 @@ class DynamoStateStore:
             raise ConfigurationError("TABLE_NAME is not set: it must name the stack's StateTable")
         return cls(name, client=client, clock=clock)
 
-    # -- worker session ----------------------------------------------------------
-    def load_session(self, protocol: str, instance: str) -> tuple[SessionState, int] | None:
-        """The stored session and its version; ``None`` when absent or expired (TTL deletes late)."""
-        attrs = self._get(session_key(protocol, instance))
-        if attrs is None or float(attrs["expires_at"]) <= self._clock():
-            return None
-        return SessionState.model_validate(json.loads(attrs["session"])), int(attrs["version"])
-
-    def save_session(self, protocol: str, instance: str, session: SessionState,
-                     expected_version: int | None) -> int:
-        """Store ``session`` if nobody saved since ``expected_version`` was loaded; returns the new version.
-
-        ``expected_version=None`` means "there was none" (``load_session`` returned ``None``).
-        Raises :class:`StaleWriteError` when another writer got there first.
-        """
-        pk = session_key(protocol, instance)
-        now = self._clock()
-        values: dict[str, Any] = {
-            "session": dumps(session.to_record()), "expires_at": session.expires_at,
-            "ttl": int(session.expires_at) + EXPIRED_RETENTION_SECONDS, "now": now, "protocol": protocol,
-            "instance": instance, "one": 1, "zero": 0,
-        }
-        update = ("SET #session = :session, #expires_at = :expires_at, #ttl = :ttl, #updated_at = :now, "
-                  "#protocol = :protocol, #instance = :instance, ")
-        if expected_version is None:
-            # None stored, or one load_session already treats as absent (expired, not yet deleted by TTL).
-            condition = "attribute_not_exists(#pk) OR #expires_at <= :now"
-            update += "#version = if_not_exists(#version, :zero) + :one"
-        else:
-            # Optimistic concurrency: nobody saved a session since we loaded this version.
-            condition = "#version = :expected"
-            update += "#version = :next"
-            values.update(expected=expected_version, next=expected_version + 1)
-        response = self._update(pk, update, condition, values, returns="UPDATED_NEW", what="the session")
-        if response is None:
-            raise StaleWriteError(f"session changed since version {expected_version} was loaded", key=pk)
-        return int(from_item(response["Attributes"])["version"])
-
-    # -- bootstrap lock ----------------------------------------------------------
-    def acquire_lock(self, name: str, owner: str, ttl_seconds: float) -> bool:
-        """Take (or extend) the named lock for ``ttl_seconds``; ``False`` while someone else holds it."""
-        pk = lock_key(name)
-        now = self._clock()
-        expires_at = now + ttl_seconds
-        item = to_item({PK: pk, SK: sort_key_for(pk), "owner": owner, "expires_at": expires_at,
-                        "acquired_at": now, TTL: int(expires_at) + EXPIRED_RETENTION_SECONDS})
-        # Free, abandoned (past its expiry; TTL deletes late), or already ours (re-entrant extend).
-        condition = "attribute_not_exists(#pk) OR #expires_at <= :now OR #owner = :owner"
-        return self._put(pk, item, condition, {"now": now, "owner": owner}, what="the lock") is not None
-
-    def release_lock(self, name: str, owner: str) -> bool:
-        """Free the lock if ``owner`` still holds it; ``False`` when it expired and moved on."""
-        pk = lock_key(name)
-        # Only the holder frees it: a lock that expired and was taken by another stays theirs.
-        condition = "#owner = :owner"
-        request = {"Key": self._key(pk), "ConditionExpression": condition,
-                   **self._expression(condition, values={"owner": owner})}
-        return self._call("write", "delete_item", pk, request) is not None
-
-    # -- delivery ledger: recording and dispatch -----------------------------------
-    def record_delivery(self, delivery: Delivery, *, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, again_after_hand_back: bool = False,
-                        settled_before: float | None = None) -> str | None:
-        """Write the ledger item before dispatching; returns its key, or ``None`` for a duplicate.
-
-        ``deadline`` is when it counts as stranded if no executor has claimed it. With
-        ``again_after_hand_back`` a delivery whose item is HANDED_BACK is recorded afresh:
-        handing back asks the server to deliver it again (Pipelogiq requeues the same
-        execution, Priostack re-activates the job with the same ``retries``), so its
-        return is the expected next delivery, not a duplicate to drop. With
-        ``settled_before`` (when the pull that brought it was sent) so is one whose item
-        settled (acknowledged, discarded) before then: the server handed the id out again
-        after it had our outcome, which on a protocol whose ids come back only from a
-        server that forgot them (a reset) means new work
-        (``WorkerProtocol.settled_id_returns_as_new``). An item that settled after the pull
-        was sent may have been handed out before our outcome landed: a duplicate.
-        """
-        now = self._clock()
-        key, item = self._recorded_item(delivery, instance, deadline, dispatch_mode, now)
-        # A new execution; or one whose settled item outlived its ttl (TTL deletes late: it counts as gone).
-        condition = "attribute_not_exists(#pk) OR #ttl < :now"
-        if again_after_hand_back:
-            # Also while a hand-back is still in progress (its claim's epoch says so): the
-            # server may redeliver before the hand-back's own ledger write lands, and that
-            # delivery is the job coming back, not a duplicate.
-            condition += (" OR #status = :handed_back"
-                          " OR (#status = :running AND begins_with(#epoch, :handback))")
-            # Or a job whose report the server answered "not found" (a Priostack restart forgot
-            # the activation): it comes back under the same key and must not be dropped.
-            condition += " OR #unknown_to_server = :yes"
-        if settled_before is not None:
-            # Or an item settled before the pull was sent: the server handed out the id after
-            # it had our outcome, which it does only once it forgot it (reset): new work.
-            condition += " OR (#status IN (:acknowledged, :discarded) AND #updated_at < :settled_before)"
-        values = {"now": now, "handed_back": LedgerStatus.HANDED_BACK.value, "settled_before": settled_before,
-                  "acknowledged": LedgerStatus.ACKNOWLEDGED.value, "discarded": LedgerStatus.DISCARDED.value,
-                  "running": LedgerStatus.RUNNING.value, "handback": HANDBACK_EPOCH_PREFIX, "yes": True}
-        try:
-            response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
-        except ItemTooLargeError as err:
-            raise DeliveryTooLargeError(delivery.job_id, err) from None
-        if response is None:
-            log.info("duplicate delivery %s: already in the ledger", key)
-            # While in flight, note it: a report the server then answers "not found" (a Priostack
-            # restart forgot the activation, then re-activated the job) must be sent again.
-            if self._transition(key, "SET #redelivered = :yes, #updated_at = :now", "attribute_exists(#scope)",
-                                yes=True) or not (again_after_hand_back or settled_before is not None):
-                return None
-            # It went final between the two writes, maybe as unknown to the server: ask again.
-            response = self._put(key, item, condition, values, what="the delivery", returns="ALL_OLD")
-            if response is None:
-                return None
-        self._carry_forgotten_outcome(key, from_item(response.get("Attributes") or {}))
-        return key
-
-    def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
-                   deadline: float) -> list[str | None]:
-        """One conditional put per delivery, only where no item exists; ``None`` for the rest
-        (``record_delivery`` decides those). DynamoDB has no cheaper batch with conditions:
-        ``records_in_batches`` is false, so the scheduler records each on its dispatch pool."""
-        now = self._clock()
-        keys: list[str | None] = []
-        for delivery, mode in deliveries:
-            try:
-                key, item = self._recorded_item(delivery, instance, deadline, mode, now)
-                written = self._put(key, item, "attribute_not_exists(#pk)", {}, what="the delivery")
-            except (ItemTooLargeError, UnrecordableDeliveryError):
-                written = None  # record_delivery raises it where the caller handles it
-            keys.append(key if written is not None else None)
-        return keys
-
-    @staticmethod
-    def _recorded_item(delivery: Delivery, instance: str, deadline: float,
-                       dispatch_mode: DispatchMode | str, now: float) -> tuple[str, dict[str, Any]]:
-        """The key and new item of ``delivery``; UnrecordableDeliveryError when it has none."""
-        key, record = recordable(delivery)
-        packed = pack_document(record, job_id=delivery.job_id)
-        return key, to_item(recorded_attributes(key, delivery, packed_delivery=packed, instance=instance,
-                                                deadline=deadline, dispatch_mode=dispatch_mode, now=now))
-
-    def _carry_forgotten_outcome(self, key: str, old: dict[str, Any]) -> None:
-        """A job the server forgot comes back with our outcome already stored: keep it, so the
-        executor re-reports it instead of running the handler a second time."""
-        if not old.get("unknown_to_server") or old.get("outcome") is None:
-            return
-        self._transition(key, "SET #outcome = :outcome, #status = :outcome_stored, #updated_at = :now",
-                         "#status = :recorded", outcome=old["outcome"])
-
-    def mark_dispatched(self, key: str) -> bool:
-        # Only a recorded item: an executor that claimed it first has already moved it on.
-        return self._transition(key, "SET #status = :dispatched, #updated_at = :now, #dispatched_at = :now",
-                                "#status = :recorded")
-
-    def mark_dispatch_failed(self, key: str, error: str) -> bool:
-        """The fan-out failed: keep it in flight with its deadline now, so the next reap hands it back."""
-        # Only while no run has claimed it: an ambiguous invoke may have started the executor after all.
-        return self._transition(
-            key, "SET #status = :dispatch_failed, #error = :error, #deadline = :now, #due = :now, #updated_at = :now",
-            "#status IN (:recorded, :dispatched)", error=server_text(error))
-
-    # -- delivery ledger: the run ---------------------------------------------------
-    def start_run(self, key: str, epoch: str, deadline: float) -> LedgerItem | None:
-        """Claim the delivery for the run ``epoch`` until ``deadline``; returns the item as claimed.
-
-        ``None`` when another run owns it or it is already past running: then ``get`` it
-        and settle a stored outcome instead of running the handler again.
-        """
-        parse_ledger_key(key)
-        update = ("SET #status = :running, #epoch = :epoch, #updated_at = :now, "
-                  "#started_at = if_not_exists(#started_at, :now)", "ADD #runs :one")
-        # Claim an unstarted delivery, or resume our own run (a continuation slice, a retried invocation).
-        # One whose dispatch failed is only claimed to be handed back (the reaper), never run.
-        unstarted = "(:recorded, :dispatched, :dispatch_failed)" if epoch.startswith(HANDBACK_EPOCH_PREFIX) \
-            else "(:recorded, :dispatched)"
-        condition = f"#status IN {unstarted} OR (#status = :running AND #epoch = :epoch)"
-        response = self._with_deadline(key, update, condition, self._values(epoch=epoch, deadline=deadline, one=1),
-                                       returns="ALL_NEW", what="the run")
-        return LedgerItem.from_attributes(from_item(response["Attributes"])) if response is not None else None
-
-    def take_over(self, key: str, *, old_epoch: str, new_epoch: str, deadline: float) -> bool:
-        """Move a running item from ``old_epoch`` (presumed dead) to ``new_epoch``."""
-        parse_ledger_key(key)
-        update = ("SET #epoch = :new_epoch, #updated_at = :now, #renewals = :zero",
-                  "REMOVE #cancel_reason, #handover_requested ADD #runs :one")
-        # Compare-and-swap on the epoch: one successor wins, and the old run's fenced writes fail from now on.
-        condition = "#status = :running AND #epoch = :old_epoch"
-        values = self._values(old_epoch=old_epoch, new_epoch=new_epoch, deadline=deadline, zero=0, one=1)
-        return self._with_deadline(key, update, condition, values, what="the run") is not None
-
-    def get(self, key: str) -> LedgerItem | None:
-        """Consistent read of one ledger item."""
-        parse_ledger_key(key)
-        attrs = self._get(key)
-        return LedgerItem.from_attributes(attrs) if attrs is not None else None
-
-    def save_checkpoint(self, key: str, epoch: str, checkpoint: Any, deadline: float | None = None) -> None:
-        """Record a continuation's checkpoint (and push the deadline out); epoch-fenced."""
-        update = "SET #checkpoint = :checkpoint, #updated_at = :now"
-        if deadline is None:
-            self._fenced(key, epoch, update, "the checkpoint", checkpoint=dumps(checkpoint))
-        else:
-            self._fenced(key, epoch, (update, ""), "the checkpoint", checkpoint=dumps(checkpoint), deadline=deadline)
-
-    def renew_deadline(self, key: str, epoch: str, deadline: float) -> int:
-        """Push the run's deadline out; returns how many renewals this epoch has made."""
-        update = ("SET #updated_at = :now", "ADD #renewals :one")
-        response = self._fenced(key, epoch, update, "the deadline", returns="UPDATED_NEW", deadline=deadline,
-                                one=1)
-        return int(from_item(response["Attributes"])["renewals"])
-
-    def save_callback_token(self, key: str, epoch: str, token: str) -> None:
-        """Keep a Step Functions task token with the run (never in execution history)."""
-        self._fenced(key, epoch, "SET #callback_token = :token, #updated_at = :now", "the callback token",
-                     token=token)
-
-    def request_cancel(self, key: str, epoch: str, reason: str) -> bool:
-        """Ask the run to stop (its lease was refused); ``False`` when that run no longer owns it."""
-        # Only the current run: a stale renew loop must not cancel its successor.
-        return self._transition(key, "SET #cancel_reason = :reason, #updated_at = :now", _OWNED,
-                                epoch=epoch, reason=reason)
-
-    def request_handover(self, key: str, epoch: str) -> bool:
-        """Ask the run to continue as a new execution (history limit); fenced like ``request_cancel``."""
-        # Only the current run decides to hand over its own execution.
-        return self._transition(key, "SET #handover_requested = :true, #updated_at = :now", _OWNED,
-                                epoch=epoch, true=True)
-
-    def clear_handover(self, key: str, epoch: str) -> bool:
-        """The new execution took over (same epoch): clear the request and restart the renewal count."""
-        # Only the run that asked; the epoch carries across continue-as-new.
-        update = "SET #handover_requested = :false, #renewals = :zero, #updated_at = :now"
-        return self._transition(key, update, _OWNED, epoch=epoch, false=False, zero=0)
-
-    def store_outcome(self, key: str, epoch: str, outcome: Outcome) -> None:
-        """Save the outcome before reporting it, so a retry re-reports and never re-runs.
-
-        Raises :class:`StaleWriteError` when ``epoch`` no longer owns the run (reaped or taken over).
-        """
-        # The document comes first in every SET: moto applies clauses one by one and would keep
-        # the ones before an oversized value (DynamoDB itself applies none).
-        self._fenced(key, epoch, "SET #outcome = :outcome, #status = :outcome_stored, #updated_at = :now, "
-                     "#finished_at = :now REMOVE #checkpoint", "the outcome", outcome=compact_model(outcome))
-
-    # -- delivery ledger: settling ------------------------------------------------
-    def mark_reported(self, key: str, receipt: ReportReceipt) -> bool:
-        # A report follows a stored outcome; a second reporter finds it already reported.
-        update = "SET #report = :report, #status = :reported, #reported_at = :now, #updated_at = :now"
-        if in_doubt(receipt):
-            update += ", #unknown_to_server = :yes"  # the job may come back: see record_delivery
-        return self._transition(key, update, "#status = :outcome_stored",
-                                report=compact_model(receipt), yes=True)
-
-    def mark_acknowledged(self, key: str, receipt: ReportReceipt | None = None, *, wait: bool = True) -> bool:
-        """Final. With ``receipt`` it also records the report: the short path writes once
-        after report + ack instead of twice (a crash between them re-reports, which every
-        protocol tolerates: fenced, 404-reconciled or ``accepted:false``). Always waits:
-        ``wait`` is for backends that can queue a write (the contract's)."""
-        if receipt is None:
-            # Acknowledging settles a reported outcome, once.
-            return self._final(key, LedgerStatus.ACKNOWLEDGED, "#status = :reported")
-        # Report and acknowledgement of a stored outcome recorded together, once. A report the
-        # server did not know marks the item so that the job's return is recorded again.
-        not_found = in_doubt(receipt)
-        condition = "#status IN (:outcome_stored, :reported)"
-        if not_found:
-            # Not while a redelivery is noted: the report is due again (see record_delivery).
-            condition += " AND attribute_not_exists(#redelivered)"
-        return self._final(key, LedgerStatus.ACKNOWLEDGED, condition,
-                           report=compact_model(receipt), unknown_to_server=not_found)
-
-    def clear_redelivered(self, key: str) -> bool:
-        """The noted redelivery is being answered (the report is sent again)."""
-        return self._transition(key, "SET #updated_at = :now REMOVE #redelivered", "attribute_exists(#redelivered)")
-
-    def mark_handed_back(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
-        """Final: returned to the server unstarted. With ``epoch``, only if that run owns it."""
-        # Anything the server has no outcome for may go back; a live run is claimed first (start_run,
-        # take_over) or fenced here by its epoch.
-        return self._final(key, LedgerStatus.HANDED_BACK, _unreported(epoch), reason=reason, epoch=epoch)
-
-    def mark_discarded(self, key: str, reason: str, *, epoch: str | None = None) -> bool:
-        """Final: dropped unrun (stale, refused, lost). Duplicates never reach this: they have no item."""
-        # Same rule as handing back: only what has not been reported, fenced by epoch when given.
-        return self._final(key, LedgerStatus.DISCARDED, _unreported(epoch), reason=reason, epoch=epoch)
-
-    def note_settle_failure(self, key: str, error: str, retry_at: float) -> int:
-        """A settling call failed: the item is retried by the reaper at ``retry_at`` (its new
-        deadline, so it stops holding capacity then); returns the failures in a row.
-
-        ``0`` when the item is already final (someone else settled it meanwhile)."""
-        parse_ledger_key(key)
-        update = ("SET #deadline = :retry_at, #due = :retry_at, #error = :error, #updated_at = :now "
-                  "ADD #settle_failures :one")
-        # Only while in flight: a final item left the index and must not be put back in it.
-        response = self._update(key, update, "attribute_exists(#scope)",
-                                self._values(retry_at=retry_at, error=server_text(error), one=1),
-                                returns="UPDATED_NEW", what="the ledger item")
-        return int(from_item(response["Attributes"])["settle_failures"]) if response is not None else 0
-
-    def postpone(self, key: str, deadline: float) -> bool:
-        """Move an in-flight item's deadline (when the reaper next looks at it)."""
-        # Only while in flight, as note_settle_failure.
-        return self._transition(key, "SET #deadline = :deadline, #due = :deadline, #updated_at = :now",
-                                "attribute_exists(#scope)", deadline=deadline)
-
-    def mark_abandoned(self, key: str, reason: str) -> bool:
-        """Final: settling failed too often. The item is DISCARDED and marked as unknown to
-        the server, so that the job's return is recorded again (with the stored outcome, if
-        any: re-reported, never re-run)."""
-        # Only what has not been reported: a reported outcome is acknowledged instead.
-        return self._final(key, LedgerStatus.DISCARDED, _UNREPORTED, reason=reason, unknown_to_server=True)
-
-    # -- in flight -----------------------------------------------------------------
-    def count_in_flight(self, protocol: str, instance: str, *, live_at: float | None = None) -> int:
-        """Unsettled deliveries of this instance (index reads are eventually consistent).
-
-        With ``live_at`` only those whose deadline has not passed by then: something (an
-        executor, a state machine) will settle each of them by its deadline. One past its
-        deadline is the reaper's, and must not hold a slot of capacity while it waits for
-        the next tick's reap: that is what capacity is counted with."""
-        scope = scope_of(protocol, instance)
-        pages = self._index_pages(scope, None, count=True, not_before=live_at)
-        counted = int(sum(page["Count"] for page in pages))
-        if live_at is None:
-            return counted
-        # The index's deadline never is later than the item's: those past it may live on (a run
-        # that pushed its deadline out); read them to count the ones whose own deadline has not passed.
-        lagging = self._index_items(scope, live_at)
-        return counted + sum(1 for item in lagging
-                             if not item.is_final and item.deadline is not None and item.deadline >= live_at)
-
-    def in_flight(self, protocol: str, instance: str) -> list[LedgerItem]:
-        """Every unsettled delivery of this instance, soonest deadline first."""
-        return _soonest_first([item for item in self._index_items(scope_of(protocol, instance), None)
-                               if not item.is_final])
-
-    def stranded(self, protocol: str, instance: str, now: float) -> list[LedgerItem]:
-        """Unsettled deliveries whose deadline passed before ``now``, re-checked on the full item."""
-        return _soonest_first([item for item in self._index_items(scope_of(protocol, instance), now)
-                               if not item.is_final and item.deadline is not None and item.deadline < now])
-
-    # -- counters and control --------------------------------------------------------
-    def add_counters(self, protocol: str, instance: str, **deltas: int) -> None:
-        """Add to named counters (``processed=1, failed=1``) atomically.
-
-        The runtime batches these per container (``runtime.counters.CounterBuffer``):
-        they are statistics, not worth a write per job."""
-        check_counter_deltas(deltas)
-        if not deltas:
-            return
-        pk = counters_key(protocol, instance)
-        update = "SET #updated_at = :now ADD " + ", ".join(f"#{name} :counter_{name}" for name in deltas)
-        # No condition: ADD is atomic and commutative, and counters are statistics, not transitions.
-        values = self._values(**{f"counter_{name}": delta for name, delta in deltas.items()})
-        self._update(pk, update, None, values, what="the counters")
-
-    def read_counters(self, protocol: str, instance: str) -> dict[str, int]:
-        attrs = self._get(counters_key(protocol, instance)) or {}
-        return {name: int(value) for name, value in attrs.items() if name not in NOT_COUNTERS}
-
-    def get_control(self, protocol: str, instance: str) -> dict[str, Any]:
-        """Operator flags for this instance: ``{"stopped": reason | None, "draining": bool,
-        "unfit": {handler: reason}}`` (handlers no delivery of which can ever run)."""
-        attrs = self._get(control_key(protocol, instance)) or {}
-        unfit = {}
-        for name, value in attrs.items():
-            if name.startswith(UNFIT_PREFIX):
-                record = json.loads(value)
-                unfit[record["handler"]] = record["reason"]
-        return {"stopped": attrs.get("stopped"), "draining": bool(attrs.get("draining", False)),
-                "unfit": unfit}
-
-    def set_unfit(self, protocol: str, instance: str, handler: str, reason: str) -> bool:
-        """Stop pulling for ``handler``: its timeout can never fit (``runtime.fit``). ``True``
-        when this call set it (the first executor to find out), ``False`` when already set."""
-        attribute = unfit_attribute(handler)
-        update = f"SET #{attribute} = :record, #updated_at = :now"
-        # One attribute per handler, set once: two executors finding it at once never lose either.
-        condition = f"attribute_not_exists(#{attribute})"
-        values = self._values(record=dumps({"handler": handler, "reason": server_text(reason, limit=1000)}))
-        return self._update(control_key(protocol, instance), update, condition, values,
-                            what="control") is not None
-
-    def clear_unfit(self, protocol: str, instance: str) -> None:
-        """Pull for every handler again (the operator fixed the timeouts)."""
-        pk = control_key(protocol, instance)
-        names = [name for name in (self._get(pk) or {}) if name.startswith(UNFIT_PREFIX)]
-        if names:
-            # No condition: an operator flag, last writer wins.
-            self._update(pk, "SET #updated_at = :now REMOVE " + ", ".join(f"#{n}" for n in names), None,
-                         self._values(), what="control")
-
-    def set_stopped(self, protocol: str, instance: str, reason: str | None) -> None:
-        """Stop pulling (configuration is wrong) with ``reason``; ``None`` clears it."""
-        update = "SET #stopped = :reason, #updated_at = :now" if reason else "SET #updated_at = :now REMOVE #stopped"
-        # No condition: an operator flag, last writer wins.
-        self._update(control_key(protocol, instance), update, None,
-                     self._values(reason=server_text(reason, limit=1000) if reason else reason),
-                     what="control")
-
-    def set_draining(self, protocol: str, instance: str, draining: bool) -> None:
-        # No condition: an operator flag, last writer wins.
-        self._update(control_key(protocol, instance), "SET #draining = :draining, #updated_at = :now", None,
-                     self._values(draining=bool(draining)), what="control")
-
-    # -- internals -------------------------------------------------------------------
-    def _values(self, **values: Any) -> dict[str, Any]:
-        """Expression values: the given ones, ``:now`` and every status by its lower-case name."""
-        return {"now": self._clock(), **_STATUS_VALUES, **values}
-
-    def _transition(self, key: str, update: str, condition: str, **values: Any) -> bool:
-        parse_ledger_key(key)
-        response = self._update(key, update, condition, self._values(**values), what="the ledger item")
-        if response is None:
-            log.debug("transition refused for %s: %s", key, condition)
-        return response is not None
-
-    def _fenced(self, key: str, epoch: str, update: str | tuple[str, str], what: str, *, returns: str = "NONE",
-                **values: Any) -> dict[str, Any]:
-        """A write only the run ``epoch`` may make; a ``(set, rest)`` update also moves the deadline."""
-        parse_ledger_key(key)
-        # Only the run holding the epoch may change its item; anyone else lost it (reaped, taken over).
-        if isinstance(update, tuple):
-            response = self._with_deadline(key, update, _OWNED, self._values(epoch=epoch, **values),
-                                           returns=returns, what=what)
-        else:
-            response = self._update(key, update, _OWNED, self._values(epoch=epoch, **values), returns=returns,
-                                    what=what)
-        if response is None:
-            raise StaleWriteError(f"run {epoch!r} no longer owns this delivery; {what} was not saved",
-                                  key=key)
-        return response
-
-    def _with_deadline(self, key: str, update: tuple[str, str], condition: str, values: dict[str, Any], *,
-                       returns: str = "NONE", what: str) -> dict[str, Any] | None:
-        """``update`` (its SET clause and the rest) plus the item's new deadline ``:deadline``.
-
-        The index key stays put when it is not later than the new deadline (the hot path: a
-        run's deadline only moves out), so no index write; otherwise, or when the first try is
-        refused for any reason, a second write under ``condition`` alone moves it too."""
-        set_clause, rest = update
-        keep = f"{set_clause}, #{DUE} = :deadline {rest}".strip()
-        stays = f"({condition}) AND (attribute_not_exists(#{DEADLINE}) OR #{DEADLINE} <= :deadline)"
-        response = self._update(key, keep, stays, values, returns=returns, what=what)
-        if response is None:
-            moves = f"{set_clause}, #{DUE} = :deadline, #{DEADLINE} = :deadline {rest}".strip()
-            response = self._update(key, moves, condition, values, returns=returns, what=what)
-        return response
-
-    def _final(self, key: str, status: LedgerStatus, condition: str, *, reason: str | None = None,
-               epoch: str | None = None, report: str | None = None, unknown_to_server: bool = False) -> bool:
-        update = "SET #status = :final, #updated_at = :now, #ttl = :ttl"
-        if reason is not None:
-            update += ", #error = :reason"
-            reason = server_text(reason, limit=1000)
-        if report is not None:
-            update += ", #report = :report"
-        if unknown_to_server:
-            update += ", #unknown_to_server = :yes"
-        # Leaving the index is what makes it no longer in flight; the checkpoint is dead weight now.
-        update += " REMOVE #scope, #deadline, #due, #checkpoint"
-        ttl = int(self._clock()) + self._final_retention
-        return self._transition(key, update, condition, final=status.value, ttl=ttl, reason=reason,
-                                epoch=epoch, report=report, yes=True)
-
-    def _key(self, pk: str) -> dict[str, Any]:
-        return {PK: {"S": pk}, SK: {"S": sort_key_for(pk)}}
-
-    @staticmethod
-    def _expression(*expressions: str | None, values: dict[str, Any]) -> dict[str, Any]:
-        """Names and values for the expressions: exactly those they use (DynamoDB rejects extras)."""
-        text = " ".join(e for e in expressions if e)
-        names = {f"#{name}": name for name in _NAME.findall(text)}
-        used = {f":{name}": to_attribute(values[name]) for name in set(_VALUE.findall(text))}
-        request: dict[str, Any] = {}
-        if names:
-            request["ExpressionAttributeNames"] = names
-        if used:
-            request["ExpressionAttributeValues"] = used
-        return request
-
-    def _get(self, pk: str) -> dict[str, Any] | None:
+    # -- the base store's primitives ---------------------------------------------------
+    def _get_record(self, pk: str) -> dict[str, Any] | None:
         response = self._call("read", "get_item", pk, {"Key": self._key(pk), "ConsistentRead": True})
         item = (response or {}).get("Item")
         return from_item(item) if item else None
 
-    def _put(self, pk: str, item: dict[str, Any], condition: str, values: dict[str, Any], *,
-             what: str, returns: str = "NONE") -> dict[str, Any] | None:
-        request = {"Item": item, "ConditionExpression": condition, "ReturnValues": returns,
-                   **self._expression(condition, values=values)}
-        return self._call("write", "put_item", pk, request, what=what)
+    def _put_record(self, pk: str, attributes: dict[str, Any], replace_if: Condition | None,
+                    values: dict[str, Any], *, what: str, return_old: bool = False) -> dict[str, Any] | None:
+        condition = Missing(PK) if replace_if is None else Missing(PK) | replace_if
+        text, names, used = _condition(condition)
+        request = {"Item": to_item(attributes), "ConditionExpression": text,
+                   "ReturnValues": "ALL_OLD" if return_old else "NONE",
+                   **_placeholders(names, _bind(used, values))}
+        response = self._call("write", "put_item", pk, request, what=what)
+        if response is None:
+            return None
+        return from_item(response.get("Attributes") or {})
 
-    def _update(self, pk: str, update: str, condition: str | None, values: dict[str, Any], *,
-                returns: str = "NONE", what: str) -> dict[str, Any] | None:
-        request: dict[str, Any] = {"Key": self._key(pk), "UpdateExpression": update, "ReturnValues": returns,
-                                   **self._expression(update, condition, values=values)}
-        if condition:
-            request["ConditionExpression"] = condition
-        return self._call("write", "update_item", pk, request, what=what)
+    def _update_record(self, pk: str, update: Update, condition: Condition | None, values: dict[str, Any], *,
+                       what: str, returns: Returns = "none", create: bool = False,
+                       wait: bool = True) -> dict[str, Any] | None:
+        """One UpdateItem (it creates an absent item itself, so ``create`` needs nothing; it
+        always waits). A deadline that ``extends`` first tries to keep the index key where it
+        is (``due`` only); refused, a second write moves it too."""
+        if update.deadline is not None and update.extends:
+            stays = _INDEX_KEY_STAYS if condition is None else condition & _INDEX_KEY_STAYS
+            response = self._update(pk, update, (DUE,), stays, {**values, "deadline": update.deadline},
+                                    returns=returns, what=what)
+            if response is not None:
+                return response
+        moved = (DUE, DEADLINE) if update.deadline is not None else ()
+        return self._update(pk, update, moved, condition, values, returns=returns, what=what)
+
+    def _delete_record(self, pk: str, condition: Condition, values: dict[str, Any]) -> bool:
+        text, names, used = _condition(condition)
+        request = {"Key": self._key(pk), "ConditionExpression": text, **_placeholders(names, _bind(used, values))}
+        return self._call("write", "delete_item", pk, request) is not None
+
+    def _in_flight_records(self, scope: str, *, before: float | None = None) -> list[dict[str, Any]]:
+        """Query the index, then read the full items (the index holds keys only)."""
+        keys = [entry[PK]["S"] for page in self._index_pages(scope, before, count=False)
+                for entry in page.get("Items", [])]
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(keys), _BATCH_GET_MAX):
+            for attrs in self._batch_get(keys[start:start + _BATCH_GET_MAX], scope):
+                found[attrs[PK]] = attrs
+        return [found[key] for key in keys if key in found]
+
+    def _count_in_flight_records(self, scope: str, *, live_at: float | None = None) -> int:
+        counted = int(sum(page["Count"] for page in self._index_pages(scope, None, count=True, not_before=live_at)))
+        if live_at is None:
+            return counted
+        # The index's deadline never is later than the item's: those past it may live on (a run
+        # that pushed its deadline out); read them to count the ones whose own deadline has not passed.
+        lagging = map(LedgerItem.from_attributes, self._in_flight_records(scope, before=live_at))
+        return counted + sum(1 for item in lagging
+                             if not item.is_final and item.deadline is not None and item.deadline >= live_at)
+
+    def _pack_delivery(self, record: dict[str, Any], job_id: str) -> Any:
+        return pack_document(record, job_id=job_id)
+
+    # -- requests ----------------------------------------------------------------------
+    def _key(self, pk: str) -> dict[str, Any]:
+        return {PK: {"S": pk}, SK: {"S": sort_key_for(pk)}}
+
+    def _update(self, pk: str, update: Update, deadline_names: tuple[str, ...], condition: Condition | None,
+                values: dict[str, Any], *, returns: Returns, what: str) -> dict[str, Any] | None:
+        expression, names, update_values = _update_expression(update, deadline_names)
+        request: dict[str, Any] = {"Key": self._key(pk), "UpdateExpression": expression,
+                                   "ReturnValues": _RETURNS[returns]}
+        bound: dict[str, Any] = dict(update_values)
+        if condition is not None:
+            text, condition_names, used = _condition(condition)
+            request["ConditionExpression"] = text
+            names = names | condition_names
+            bound.update(_bind(used, values))
+        request.update(_placeholders(names, bound))
+        response = self._call("write", "update_item", pk, request, what=what)
+        if response is None:
+            return None
+        return from_item(response["Attributes"]) if returns != "none" else {}
 
     def _call(self, kind: str, operation: str, key: str, request: dict[str, Any], *,
               what: str = "") -> dict[str, Any] | None:
@@ -730,14 +205,15 @@ class DynamoStateStore:
 
     def _index_pages(self, scope: str, before: float | None, *, count: bool,
                      not_before: float | None = None) -> Iterator[dict[str, Any]]:
-        condition = "#scope = :scope"
+        condition: Condition = Compare(SCOPE, "=", Param("scope"))
         if before is not None:
-            condition += " AND #deadline < :before"
+            condition = condition & Compare(DEADLINE, "<", Param("before"))
         elif not_before is not None:
-            condition += " AND #deadline >= :not_before"
+            condition = condition & Compare(DEADLINE, ">=", Param("not_before"))
+        text, names, used = _condition(condition)
         values = {"scope": scope, "before": before, "not_before": not_before}
-        request: dict[str, Any] = {"IndexName": IN_FLIGHT_INDEX, "KeyConditionExpression": condition,
-                                   **self._expression(condition, values=values)}
+        request: dict[str, Any] = {"IndexName": IN_FLIGHT_INDEX, "KeyConditionExpression": text,
+                                   **_placeholders(names, _bind(used, values))}
         if count:
             request["Select"] = "COUNT"
         while True:
@@ -747,16 +223,6 @@ class DynamoStateStore:
             if "LastEvaluatedKey" not in page:
                 return
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
-    def _index_items(self, scope: str, before: float | None) -> list[LedgerItem]:
-        """Query the index, then read the full items (the index holds keys only)."""
-        keys = [entry[PK]["S"] for page in self._index_pages(scope, before, count=False)
-                for entry in page.get("Items", [])]
-        found: dict[str, LedgerItem] = {}
-        for start in range(0, len(keys), _BATCH_GET_MAX):
-            for attrs in self._batch_get(keys[start:start + _BATCH_GET_MAX], scope):
-                found[attrs[PK]] = LedgerItem.from_attributes(attrs)
-        return [found[key] for key in keys if key in found]
 
     def _batch_get(self, pks: list[str], scope: str) -> list[dict[str, Any]]:
         pending: dict[str, Any] = {
@@ -773,13 +239,85 @@ class DynamoStateStore:
         raise StateStoreError(f"DynamoDB batch_get_item for {scope} left keys unprocessed after 8 attempts")
 
 
-def _soonest_first(items: list[LedgerItem]) -> list[LedgerItem]:
-    """By the items' own deadlines (the index orders by its key, which may lag behind them)."""
-    return sorted(items, key=lambda item: item.deadline if item.deadline is not None else 0.0)
+
+def _placeholders(names: frozenset[str], values: dict[str, Any]) -> dict[str, Any]:
+    request: dict[str, Any] = {}
+    if names:
+        request["ExpressionAttributeNames"] = {f"#{name}": name for name in names}
+    if values:
+        request["ExpressionAttributeValues"] = values
+    return request
 
 
-def _unreported(epoch: str | None) -> str:
-    return _UNREPORTED + (" AND #epoch = :epoch" if epoch else "")
+def _bind(used: tuple[tuple[str, Any], ...], values: dict[str, Any]) -> dict[str, Any]:
+    """The condition's placeholders with their values: its literals, and each ``Param`` from the call's."""
+    return {placeholder: to_attribute(values[value.name] if isinstance(value, Param) else value)
+            for placeholder, value in used}
+
+
+@functools.lru_cache(maxsize=256)
+def _condition(condition: Condition) -> tuple[str, frozenset[str], tuple[tuple[str, Any], ...]]:
+    """A neutral condition as a ConditionExpression: its text, the attribute names it uses,
+    and its value placeholders (``:c0``... for literals, ``:name`` for a ``Param``)."""
+    names: set[str] = set()
+    used: dict[str, Any] = {}
+
+    def operand(value: Any) -> str:
+        placeholder = f":{value.name}" if isinstance(value, Param) else f":c{len(used)}"
+        used[placeholder] = value
+        return placeholder
+
+    def name(attribute: str) -> str:
+        names.add(attribute)
+        return f"#{attribute}"
+
+    def text(c: Condition, nested: bool = False) -> str:
+        match c:
+            case Compare(attribute, op, value):
+                return f"{name(attribute)} {op} {operand(value)}"
+            case OneOf(attribute, (value,)):
+                return f"{name(attribute)} = {operand(value)}"
+            case OneOf(attribute, values):
+                return f"{name(attribute)} IN ({', '.join(operand(v) for v in values)})"
+            case Exists(attribute):
+                return f"attribute_exists({name(attribute)})"
+            case Missing(attribute):
+                return f"attribute_not_exists({name(attribute)})"
+            case StartsWith(attribute, prefix):
+                return f"begins_with({name(attribute)}, {operand(prefix)})"
+            case All(parts) | AnyOf(parts):
+                joined = (" AND " if isinstance(c, All) else " OR ").join(text(p, True) for p in parts)
+                return f"({joined})" if nested else joined
+        raise TypeError(f"not a condition: {c!r}")
+
+    return text(condition), frozenset(names), tuple(used.items())
+
+
+def _update_expression(update: Update, deadline_names: tuple[str, ...]) -> tuple[str, frozenset[str], dict[str, Any]]:
+    """An update as an UpdateExpression (``:u0``... its values), the deadline written to
+    ``deadline_names`` (``due``, and ``deadline`` where the index key moves with it)."""
+    values: dict[str, Any] = {}
+
+    def value(v: Any) -> str:
+        placeholder = f":u{len(values)}"
+        values[placeholder] = to_attribute(v)
+        return placeholder
+
+    sets = [f"#{n} = {value(v)}" for n, v in update.sets.items()]
+    sets += [f"#{n} = if_not_exists(#{n}, {value(v)})" for n, v in update.defaults.items()]
+    if deadline_names:
+        deadline = value(update.deadline)
+        sets += [f"#{n} = {deadline}" for n in deadline_names]
+    clauses = []
+    if sets:
+        clauses.append("SET " + ", ".join(sets))
+    if update.removes:
+        clauses.append("REMOVE " + ", ".join(f"#{n}" for n in update.removes))
+    if update.adds:
+        clauses.append("ADD " + ", ".join(f"#{n} {value(d)}" for n, d in update.adds.items()))
+    names = frozenset(update.sets) | frozenset(update.defaults) | frozenset(update.removes) | \
+        frozenset(update.adds) | frozenset(deadline_names)
+    return " ".join(clauses), names, values
 
 
 def _written_size(request: dict[str, Any]) -> int:
