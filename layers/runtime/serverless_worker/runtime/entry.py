@@ -148,11 +148,19 @@ def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[st
 @_clear_errors
 def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
     from .executor import execute
+    from .retry_owners import CLIENT_RETRIED
 
     key = event.get("ledger_key") if isinstance(event, dict) else None
     if not isinstance(key, str) or not key:
         raise ConfigurationError("executor event must be {\"ledger_key\": \"...\"}")
-    result = execute(services_from_environment(), key, context)
+    try:
+        result = execute(services_from_environment(), key, context)
+    except CLIENT_RETRIED as err:
+        # The client retried the call as long as it could and gave up; the settling call is
+        # noted on the ledger item, where the reaper takes it up at the noted time. Raising
+        # would only have Lambda retry the same call again (docs/retries.md).
+        log.warning("delivery %s left to the reaper: %s", key, err)
+        result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
     m = _metrics()
     m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
     m.flush()

@@ -28,6 +28,7 @@ DIMENSION = "service"
 EXECUTOR_ACTIONS: tuple[str, ...] = (
     "reported", "handed_back", "discarded",
     "acknowledged", "superseded", "missing", "skipped", "unknown",
+    "deferred",  # a call retried inside already failed; the ledger item holds it for the reaper
 )
 METRIC_NAMES: frozenset[str] = frozenset({
     # the scheduler, once per tick (entry.scheduler_tick)

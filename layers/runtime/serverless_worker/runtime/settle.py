@@ -22,10 +22,13 @@ from .services import Services
 __all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",
            "note_failure", "retry_delay", "count_settled", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
 
-# A settling call that fails (the server down, answering garbage) is retried by the reaper
-# after a back-off that doubles per failure, up to SETTLE_RETRY_MAX_SECONDS; after
-# SETTLE_ATTEMPTS_MAX failures in a row the reaper gives the item a final state (reaper.py).
-# So every ledger item reaches a final state within a bounded time, whatever the server answers.
+# A settling call that fails after the client's own retries (the server down, answering
+# garbage) is noted on its item, and the reaper is its one owner from then on
+# (docs/retries.md): the item's deadline becomes the retry time, a back-off that doubles per
+# failure up to SETTLE_RETRY_MAX_SECONDS, kept in the ledger, so no invocation waits it
+# out; after SETTLE_ATTEMPTS_MAX failures in a row the reaper gives the item a final state
+# (reaper.py). So every ledger item reaches a final state within a bounded time, whatever
+# the server answers.
 SETTLE_RETRY_BASE_SECONDS = 5.0
 SETTLE_RETRY_MAX_SECONDS = 300.0
 SETTLE_ATTEMPTS_MAX = 10
@@ -93,7 +96,7 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
     if outcome.kind is OutcomeKind.LEASE_LOST:
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
         return _discard(services, key, delivery, "lease lost while running")
-    receipt = report(services, key, delivery, outcome, record=False)
+    receipt = _report(services, key, delivery, outcome, record=False)
     # Only a report the server did not know needs to learn whether the final write applied;
     # any other the store may record without waiting (a crash before it lands re-settles).
     forgotten = receipt.status in ("not_found", "already_applied")
@@ -102,15 +105,22 @@ def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) 
         # The server forgot this delivery (404) and has since delivered the job again (a
         # Priostack restart, then a re-activation dropped as a duplicate): report again, now
         # to the new activation, rather than strand the job with nobody holding it.
-        receipt = report(services, key, delivery, outcome, record=False)
+        receipt = _report(services, key, delivery, outcome, record=False)
         _acknowledge(services, key, delivery, receipt=receipt)
     count_settled(services, outcome, delivery=delivery)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
 
-def report(services: Services, key: str, delivery: Delivery, outcome: Outcome, *,
-           record: bool = True) -> ReportReceipt:
-    """Send the outcome (retries live in the client); a too-large result becomes a failure.
+def report(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
+    """Send the outcome and record it (:func:`_report`); a failed call is noted on the item,
+    then raised: the reaper sends it again at the noted time (docs/retries.md)."""
+    receipt: ReportReceipt = _noting(services, key, _report, services, key, delivery, outcome)
+    return receipt
+
+
+def _report(services: Services, key: str, delivery: Delivery, outcome: Outcome, *,
+            record: bool = True) -> ReportReceipt:
+    """Send the outcome (the client retries it); a too-large result becomes a failure.
 
     ``record=False`` leaves the ledger write to :func:`acknowledge` (one write, not two)."""
     try:

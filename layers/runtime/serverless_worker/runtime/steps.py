@@ -51,6 +51,7 @@ from .dispatch import DispatchError
 from .executor import settle_lapsed, settle_refusal
 from .lease import lapsed_at_grant, time_budget
 from .progress import progress_reporter
+from .retry_owners import CLIENT_RETRIED_NAMES
 from .services import Services
 from .settle import acknowledge, count_settled, discard, hand_back, handback_epoch, report, settle
 
@@ -437,6 +438,10 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
     now = services.clock()
     error = event.get("error") or {}
     name = str(error.get("Error") or "execution failed")[:128]
+    if item.status in (LedgerStatus.OUTCOME_STORED, LedgerStatus.REPORTED) and name in CLIENT_RETRIED_NAMES:
+        # The client gave up on the report or ack and it is noted on the item: the reaper
+        # sends it again at the noted time, not this step now (docs/retries.md).
+        return {"action": "deferred", "status": str(item.status)}
     if item.status in (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED):
         claim = handback_epoch()
         if store.start_run(key, epoch=claim, deadline=now + 60) is not None:
