@@ -24,8 +24,8 @@ from typing import Any
 import requests
 
 from aws.e2e_support import in_flight, job_id, ledger
+from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox.admin import server_state
-from serverless_worker.state import LedgerStatus
 
 __all__ = [
     "FINAL_STATES",

@@ -25,8 +25,8 @@ from moto.stepfunctions.exceptions import StepFunctionsException
 from aws.conftest import Env
 from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance
 from reliability.invariants import Observed, check, observe, record_na, record_row
+from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox import create_sandbox
-from serverless_worker.state import LedgerStatus
 from support.waiting import poll
 
 pytestmark = pytest.mark.aws

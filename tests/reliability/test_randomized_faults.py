@@ -36,8 +36,8 @@ import requests
 from invariants import FINAL_STATES, Observed, check, observe, record_row
 
 from aws.e2e_support import PROTOCOLS, in_flight, ledger
+from serverless_worker.model import LedgerStatus
 from serverless_worker.registry import load_handlers
-from serverless_worker.state import LedgerStatus
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.aws

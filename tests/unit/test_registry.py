@@ -25,7 +25,7 @@ from serverless_worker.errors import (
     UnknownHandlerError,
 )
 from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason, cancel_job, runtime_job
-from serverless_worker.outcome import AppendedStage, ContextUpdate, ResultLog
+from serverless_worker.model import AppendedStage, ContextUpdate, ResultLog
 from serverless_worker.registry import (
     HandlerRegistry,
     HandlerSpec,

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypedDict, Unpack
 from pydantic import BaseModel
 
 from .errors import JobCancelledError
-from .outcome import ResultLog
+from .model import ResultLog
 
 __all__ = [
     "MAX_LOG_LINES",

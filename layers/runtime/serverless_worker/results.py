@@ -26,7 +26,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from .errors import NotJsonSerializableError
 from .job import rfc3339
-from .outcome import AppendedStage, ContextUpdate, ResultExtras, ResultLog
+from .model import AppendedStage, ContextUpdate, ResultExtras, ResultLog
 
 __all__ = ["Continue", "NotJsonSerializableError", "Result", "to_jsonable"]
 

@@ -3,14 +3,14 @@
 The runtime depends on the :class:`StateStore` contract (``state/contract.py``); its
 backends are :class:`DynamoStateStore` (Lambda: one DynamoDB table, item design in
 ``state/store.py``) and :class:`SqliteStateStore` (one SQLite file on one machine,
-``state/sqlite_store.py``). Statuses and transitions: docs/ledger.md.
+``state/sqlite_store.py``). Statuses (``serverless_worker.model``) and transitions: docs/ledger.md.
 """
 
 from __future__ import annotations
 
 from .contract import StateStore
 from .errors import InvalidKeyError, ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
-from .items import FINAL_STATUSES, IN_FLIGHT_STATUSES, DispatchMode, LedgerItem, LedgerStatus
+from .items import LedgerItem
 from .keys import IN_FLIGHT_INDEX, ledger_key, ledger_key_for, parse_ledger_key
 from .rules import EXPIRED_RETENTION_SECONDS, FINAL_RETENTION_SECONDS
 from .store import DynamoStateStore
@@ -18,15 +18,11 @@ from .store import DynamoStateStore
 __all__ = [
     "EXPIRED_RETENTION_SECONDS",
     "FINAL_RETENTION_SECONDS",
-    "FINAL_STATUSES",
     "IN_FLIGHT_INDEX",
-    "IN_FLIGHT_STATUSES",
-    "DispatchMode",
     "DynamoStateStore",
     "InvalidKeyError",
     "ItemTooLargeError",
     "LedgerItem",
-    "LedgerStatus",
     "SqliteStateStore",
     "StaleWriteError",
     "StateStore",

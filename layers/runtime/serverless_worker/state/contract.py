@@ -14,9 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt, SessionState
-from .items import DispatchMode, LedgerItem
+from ..model import Delivery, DispatchMode, Outcome, ReportReceipt, SessionState
+from .items import LedgerItem
 
 __all__ = ["StateStore"]
 

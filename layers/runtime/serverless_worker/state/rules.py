@@ -7,7 +7,7 @@ import hashlib
 import re
 from typing import Any
 
-from ..protocols.base import ReportReceipt
+from ..model import ReportReceipt
 from .keys import PK, SK, TTL
 
 __all__ = [

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..logsafety import server_text
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt, SessionState
+from ..model import Delivery, DispatchMode, LedgerStatus, Outcome, ReportReceipt, SessionState
 from .errors import (
     DeliveryTooLargeError,
     ItemTooLargeError,
@@ -46,9 +45,7 @@ from .errors import (
 )
 from .group_commit import GroupCommit
 from .items import (
-    DispatchMode,
     LedgerItem,
-    LedgerStatus,
     attributes_size,
     attributes_size_bound,
     compact_model,

@@ -92,8 +92,7 @@ from .. import logsafety  # noqa: F401  (botocore must not log item bodies: they
 from ..awsclients import LazyClient
 from ..errors import ConfigurationError
 from ..logsafety import server_text
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt, SessionState
+from ..model import Delivery, DispatchMode, LedgerStatus, Outcome, ReportReceipt, SessionState
 from .errors import (
     DeliveryTooLargeError,
     ItemTooLargeError,
@@ -102,9 +101,7 @@ from .errors import (
     UnrecordableDeliveryError,
 )
 from .items import (
-    DispatchMode,
     LedgerItem,
-    LedgerStatus,
     compact_model,
     dumps,
     from_item,
