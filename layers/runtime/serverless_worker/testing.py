@@ -51,7 +51,8 @@ from .handler_runner import (
     handler_budget,
     start_or_refuse,
 )
-from .job import CancelReason, Job, cancel_job, runtime_job
+from .job import CancelReason, Job
+from .job_control import cancel_job, runtime_job
 from .model import Delivery, Outcome, OutcomeKind, ResultLog
 from .protocols import claimqueue, pipelogiq, priostack
 from .registry import SPEC_ATTRIBUTE, HandlerSpec, default_registry

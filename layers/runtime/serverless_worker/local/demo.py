@@ -86,7 +86,7 @@ class OwnSandbox:
 
     @classmethod
     def start(cls, protocol: str, key: str) -> OwnSandbox:
-        from ..sandbox._server import SandboxServer
+        from ..sandbox import SandboxServer
 
         sandbox = create_sandbox(protocol, **sandbox_credential_config(protocol, key))
         return cls(server=SandboxServer(sandbox).start(), protocol=protocol)
