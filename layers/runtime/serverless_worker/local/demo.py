@@ -112,6 +112,17 @@ class OwnSandbox:
             admin.close()
         return self.seeded
 
+    def server_view(self) -> tuple[dict[str, float], dict[str, int]]:
+        """Job id -> creation time, and the server's calls per endpoint, from the admin API:
+        what the run's summary sets beside the worker's own view."""
+        from ..sandbox.admin import SandboxAdmin
+
+        admin = SandboxAdmin(self.url)
+        try:
+            return job_creation_times(admin.jobs()), dict(admin.stats().get("calls", {}))
+        finally:
+            admin.close()
+
     def stop(self) -> None:
         self.server.stop()
 
