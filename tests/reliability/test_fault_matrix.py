@@ -551,7 +551,7 @@ def test_table_renders_scenarios_by_protocol(tmp_path: Any, monkeypatch: pytest.
     from pathlib import Path
 
     path = tmp_path / "matrix.jsonl"
-    monkeypatch.setenv("SW_FAULT_MATRIX_OUT", str(path))
+    monkeypatch.setenv("SWTEST_FAULT_MATRIX_OUT", str(path))
 
     def observed(protocol: str, reruns: dict[str, int]) -> Observed:
         return Observed(protocol=protocol, jobs=2, final=Counter({"completed": 2}), results=Counter({1: 2}),
