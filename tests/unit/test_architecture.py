@@ -31,7 +31,7 @@ CONTRACT_TYPES: dict[str, Any] = {"layers": LayersContract, "protected": Protect
 
 @pytest.fixture(scope="module")
 def package_graph() -> grimp.ImportGraph:
-    return grimp.build_graph(PACKAGE, include_external_packages=False)
+    return grimp.build_graph(PACKAGE, include_external_packages=False, cache_dir=None)  # no cache in the tree
 
 
 def kept(graph: grimp.ImportGraph, contract_id: str) -> bool:
