@@ -180,8 +180,10 @@ class Settings(BaseModel):
     connect_timeout: float = Field(3.05, gt=0, description="HTTP connect timeout, seconds.")
     read_timeout: float = Field(10, gt=0, description="HTTP read timeout, seconds (a long poll adds its "
                                                       "wait).")
+
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own fields (the local command's) become settings this model ignores quietly."""
         super().__pydantic_init_subclass__(**kwargs)
         _other_commands_fields.update(set(cls.model_fields) - set(Settings.model_fields))
 
