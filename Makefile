@@ -103,7 +103,7 @@ LOCALSTACK_HOST ?= $(abspath $(CURDIR)/..)/shared/tools/localstack-host.sh
 DEPLOYED_SUMMARY := .aws-sam/deployed/summary.txt
 test-deployed: venv sam-venv ## sam deploy the stack into LocalStack and run every protocol through it
 	@rm -f $(DEPLOYED_SUMMARY)
-	@status=0; SW_DEPLOYED_TIER=1 SW_LOCALSTACK_HOST="$(LOCALSTACK_HOST)" $(VENV)/bin/python -m pytest \
+	@status=0; SWTEST_DEPLOYED_TIER=1 SWTEST_LOCALSTACK_HOST="$(LOCALSTACK_HOST)" $(VENV)/bin/python -m pytest \
 		tests/deployed -p no:cacheprovider -p no:xdist --timeout 1500 -v $(PYTEST_ARGS) || status=$$?; \
 	if [ -f $(DEPLOYED_SUMMARY) ]; then cat $(DEPLOYED_SUMMARY); else echo "deployed tier: FAILED before any stack was deployed"; fi; \
 	exit $$status

@@ -20,8 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery, Outcome, OutcomeKind
 from serverless_worker.state import SqliteStateStore
 
 __all__ = ["main", "measure"]

@@ -73,8 +73,8 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", nargs="?", type=Path,
-                        default=Path(os.environ.get("SW_FAULT_MATRIX_OUT") or DEFAULT_PATH),
-                        help="the JSON lines file (default: $SW_FAULT_MATRIX_OUT or .fault-matrix.jsonl)")
+                        default=Path(os.environ.get("SWTEST_FAULT_MATRIX_OUT") or DEFAULT_PATH),
+                        help="the JSON lines file (default: $SWTEST_FAULT_MATRIX_OUT or .fault-matrix.jsonl)")
     args = parser.parse_args(argv)
     if not args.path.is_file():
         print(f"{args.path}: no such file; run tests/reliability first", file=sys.stderr)

@@ -184,13 +184,13 @@ def fault_rules(protocol: str, rate: float) -> list[dict[str, Any]]:
 
 def settings_for(protocol: str, url: str, key: str, args: argparse.Namespace) -> Any:
     from serverless_worker.local.defaults import LOCAL_DEFAULTS
-    from serverless_worker.settings import Settings
+    from serverless_worker.local.settings import LocalSettings
 
-    return Settings(**{**LOCAL_DEFAULTS, "protocol": protocol, "base_url": url, "api_key": key,
-                       "handler_module": str(Path(__file__).resolve()), "handlers": HANDLER,
-                       "executor_reserved_concurrency": args.concurrency, "max_in_flight": args.concurrency,
-                       "batch_size": args.batch_size, "until_idle_seconds": args.until_idle,
-                       "instance_id": f"soak-{protocol}", "log_level": "WARNING"})
+    return LocalSettings(**{**LOCAL_DEFAULTS, "protocol": protocol, "base_url": url, "api_key": key,
+                            "handler_module": str(Path(__file__).resolve()), "handlers": HANDLER,
+                            "executor_reserved_concurrency": args.concurrency, "max_in_flight": args.concurrency,
+                            "batch_size": args.batch_size, "until_idle_seconds": args.until_idle,
+                            "instance_id": f"soak-{protocol}", "log_level": "WARNING"})
 
 
 def run_passes(protocol: str, settings: Any, admin: Any, server_url: str, jobs: int, progress: Any,

@@ -18,7 +18,7 @@ from support.clock import SANDBOX_MODULES, SandboxClock
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 # The deployed tier needs LocalStack and a SAM build: only `make test-deployed` collects it.
-collect_ignore = [] if os.environ.get("SW_DEPLOYED_TIER") == "1" else ["deployed"]
+collect_ignore = [] if os.environ.get("SWTEST_DEPLOYED_TIER") == "1" else ["deployed"]
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox.admin import job_id
-from serverless_worker.state import LedgerItem, LedgerStatus
+from serverless_worker.state import LedgerItem
 from serverless_worker.state.items import from_item
 from support.waiting import poll, wait_for
 

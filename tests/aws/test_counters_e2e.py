@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from e2e_support import HANDLERS_PATH, PROTOCOLS, ledger
 
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus
 
 pytestmark = pytest.mark.aws
 

@@ -23,7 +23,7 @@ from e2e_support import (
     wait_for,
 )
 
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus
 
 pytestmark = pytest.mark.aws
 

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 from e2e_support import HANDLERS_PATH, PROTOCOLS, ledger
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import PullRequest, ReportReceipt
+from serverless_worker.model import LedgerStatus, Outcome, OutcomeKind, ReportReceipt
+from serverless_worker.protocols.base import PullRequest
 from serverless_worker.runtime.metrics import metrics
 from serverless_worker.runtime.reaper import reap
 from serverless_worker.runtime.settle import SETTLE_ATTEMPTS_MAX, SETTLE_RETRY_MAX_SECONDS, handback_epoch
-from serverless_worker.state import LedgerStatus
 
 pytestmark = pytest.mark.aws
 

@@ -20,11 +20,11 @@ import handlers_long
 import pytest
 from e2e_support import wait_for as poll
 
-from serverless_worker.outcome import OutcomeKind
+from serverless_worker.model import LedgerStatus, OutcomeKind
 from serverless_worker.registry import default_registry
 from serverless_worker.runtime import steps
 from serverless_worker.runtime.entry import reset_services
-from serverless_worker.state.items import LedgerItem, LedgerStatus, from_item
+from serverless_worker.state.items import LedgerItem, from_item
 
 Env = Any  # tests/aws/conftest.py's Env
 

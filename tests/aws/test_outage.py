@@ -72,8 +72,8 @@ def test_a_report_that_meets_the_outage_is_sent_again_when_the_server_is_back(
     docs/retries.md) sends the stored outcome again once the server is back, without
     running the handler again. (Pipelogiq is left out: there a run cannot outlive its last
     confirmed lease, so an outage longer than the lease ends the run instead.)"""
+    from serverless_worker.model import LedgerStatus
     from serverless_worker.sandbox._server import SandboxServer
-    from serverless_worker.state import LedgerStatus
 
     env = worker_env(protocol, handlers=["e2e.gate"], handler_module=HANDLERS_PATH)
     env.seed("e2e.gate", [{"n": 1}])

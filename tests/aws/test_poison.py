@@ -10,7 +10,7 @@ import pytest
 from e2e_support import done, jobs_by_id, ledger, wait_for
 from handlers_lease import LEASE_HANDLERS_PATH
 
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus
 from support.poison import incompressible, nested
 
 pytestmark = pytest.mark.aws

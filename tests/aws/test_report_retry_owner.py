@@ -13,10 +13,10 @@ import handlers_long
 import pytest
 from e2e_support import HANDLERS_PATH, backdate, done, in_flight, ledger, run_until
 
+from serverless_worker.model import LedgerStatus
 from serverless_worker.protocols.http_client import DEFAULT_RETRY
 from serverless_worker.registry import default_registry
 from serverless_worker.runtime.metrics import metrics
-from serverless_worker.state.items import LedgerStatus
 
 pytestmark = pytest.mark.aws
 

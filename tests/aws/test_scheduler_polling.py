@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from e2e_support import HANDLERS_PATH, PROTOCOLS, done, in_flight, ledger, unsettled_peak, wait_for
 
+from serverless_worker.model import LedgerStatus
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.runtime.context import LocalContext
 from serverless_worker.runtime.scheduler import Scheduler, TickReport
-from serverless_worker.state import LedgerStatus
 
 pytestmark = pytest.mark.aws
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from e2e_support import PROTOCOLS, done, ledger, wait_for
 
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus
 
 pytestmark = pytest.mark.aws
 

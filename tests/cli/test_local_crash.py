@@ -28,10 +28,11 @@ from typing import Any
 import pytest
 from test_local_cli import CLI, SANDBOX_KEYS, SECRET, clean_env, settled
 
+from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox import create_sandbox
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
-from serverless_worker.state import LedgerItem, LedgerStatus
+from serverless_worker.state import LedgerItem
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cli

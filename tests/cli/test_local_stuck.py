@@ -23,7 +23,7 @@ import pytest
 from test_local_cli import CLI, SANDBOX_KEYS, SECRET, clean_env, held, settled
 from test_local_crash import RESULT_ENDPOINT, _input, _ledger, _seed
 
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cli

@@ -3,7 +3,7 @@ stack per protocol, each against its sandbox on loopback, driven by its own sche
 
 Only `make test-deployed` collects this directory (tests/conftest.py). LocalStack comes
 from ``AWS_ENDPOINT_URL`` when it is set (LocalStack's container, say), else from the
-shared host script (../shared/tools/localstack-host.sh, or ``SW_LOCALSTACK_HOST``),
+shared host script (../shared/tools/localstack-host.sh, or ``SWTEST_LOCALSTACK_HOST``),
 started here and stopped at the end. Lambda containers use the host's network, so the
 functions reach the sandboxes at 127.0.0.1.
 
@@ -119,7 +119,7 @@ class Tier:
 
 
 def _localstack_script() -> Path:
-    return Path(os.environ.get("SW_LOCALSTACK_HOST") or ROOT.parent / "shared" / "tools" / "localstack-host.sh")
+    return Path(os.environ.get("SWTEST_LOCALSTACK_HOST") or ROOT.parent / "shared" / "tools" / "localstack-host.sh")
 
 
 @pytest.fixture(scope="session")

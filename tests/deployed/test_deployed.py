@@ -33,8 +33,7 @@ from deployed.conftest import PROTOCOLS, Tier
 from deployed.init_project import INIT_PROTOCOL, InitStack
 from deployed.localstack import DeployedStack, clients, log_lines
 from reliability.invariants import FINAL_STATES, check, observe
-from serverless_worker.outcome import OutcomeKind
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus, OutcomeKind
 
 # The schedule fires once a minute; a tick pulls for 20 s; LocalStack starts a container per
 # function on first use (seconds on two busy cores).

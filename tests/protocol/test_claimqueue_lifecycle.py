@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from serverless_worker.errors import BusinessError, ResultNotAcceptedError
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, PullRequest
+from serverless_worker.model import Delivery, Outcome, OutcomeKind
+from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

@@ -17,7 +17,7 @@ from serverless_worker.errors import (
     ResultNotAcceptedError,
     ServerUnavailableError,
 )
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Outcome, OutcomeKind
 from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.protocols.claimqueue_models import raise_for_answer

@@ -21,7 +21,7 @@ from serverless_worker.errors import (
     LeaseRefusedError,
     ResultNotAcceptedError,
 )
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Outcome, OutcomeKind
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from support.claimqueue import QUEUE, TOKEN, ClientMaker, client_maker, events, job, pull, success

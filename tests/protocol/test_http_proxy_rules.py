@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from serverless_worker.errors import ConfigurationError, ServerUnavailableError
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Outcome, OutcomeKind
 from serverless_worker.protocols._http import HttpTransport
 from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient

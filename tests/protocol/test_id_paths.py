@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Outcome, OutcomeKind
 from serverless_worker.protocols._paths import path_segment
 from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from serverless_worker.errors import LeaseRefusedError, NotFoundError, ServerUnavailableError
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, PullRequest, WorkerIdentity
+from serverless_worker.model import Delivery, Outcome, OutcomeKind
+from serverless_worker.protocols.base import PullRequest, WorkerIdentity
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

@@ -25,7 +25,8 @@ from serverless_worker.errors import (
     RateLimitedError,
     ServerUnavailableError,
 )
-from serverless_worker.protocols.base import Delivery, PullRequest, WorkerIdentity
+from serverless_worker.model import Delivery
+from serverless_worker.protocols.base import PullRequest, WorkerIdentity
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

@@ -12,15 +12,16 @@ import pytest
 import requests
 
 from serverless_worker.errors import BadRequestError, PayloadTooLargeError
-from serverless_worker.outcome import (
+from serverless_worker.model import (
     AppendedStage,
     ContextUpdate,
+    Delivery,
     Outcome,
     OutcomeKind,
     ResultExtras,
     ResultLog,
 )
-from serverless_worker.protocols.base import Delivery, PullRequest, WorkerIdentity
+from serverless_worker.protocols.base import PullRequest, WorkerIdentity
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

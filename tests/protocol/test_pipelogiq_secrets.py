@@ -14,15 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from serverless_worker.errors import ProtocolViolationError, ServerlessWorkerError
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import (
-    Delivery,
-    PullRequest,
-    SessionState,
-    WorkerEvent,
-    WorkerIdentity,
-    WorkerStatus,
-)
+from serverless_worker.model import Delivery, Outcome, OutcomeKind, SessionState
+from serverless_worker.protocols.base import PullRequest, WorkerEvent, WorkerIdentity, WorkerStatus
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

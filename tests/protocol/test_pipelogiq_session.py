@@ -20,16 +20,9 @@ from serverless_worker.errors import (
     ProtocolViolationError,
     SessionExpiredError,
 )
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Delivery, Outcome, OutcomeKind, SessionState
 from serverless_worker.protocols import protocol_class
-from serverless_worker.protocols.base import (
-    Delivery,
-    PullRequest,
-    SessionState,
-    WorkerEvent,
-    WorkerIdentity,
-    WorkerStatus,
-)
+from serverless_worker.protocols.base import PullRequest, WorkerEvent, WorkerIdentity, WorkerStatus
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.protocols.pipelogiq_models import BootstrapResponse
 from serverless_worker.sandbox._server import SandboxServer

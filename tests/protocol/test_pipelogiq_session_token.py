@@ -10,7 +10,8 @@ import pytest
 from pydantic import SecretStr
 
 from serverless_worker.errors import ProtocolViolationError, SessionExpiredError
-from serverless_worker.protocols.base import SessionState, WorkerIdentity, WorkerStatus
+from serverless_worker.model import SessionState
+from serverless_worker.protocols.base import WorkerIdentity, WorkerStatus
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

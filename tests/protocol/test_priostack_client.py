@@ -21,9 +21,9 @@ from serverless_worker.errors import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Delivery, Outcome, OutcomeKind
 from serverless_worker.protocols import protocol_class
-from serverless_worker.protocols.base import Delivery, PullRequest, WorkerIdentity, WorkerStatus
+from serverless_worker.protocols.base import PullRequest, WorkerIdentity, WorkerStatus
 from serverless_worker.protocols.priostack import PriostackClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

@@ -18,7 +18,7 @@ from serverless_worker.errors import (
     ServerlessWorkerError,
     ServerUnavailableError,
 )
-from serverless_worker.outcome import Outcome, OutcomeKind
+from serverless_worker.model import Outcome, OutcomeKind
 from serverless_worker.protocols.base import PullRequest, WorkerIdentity, WorkerStatus
 from serverless_worker.protocols.priostack import PriostackClient
 from serverless_worker.sandbox._server import SandboxServer

@@ -24,8 +24,8 @@ from typing import Any
 import requests
 
 from aws.e2e_support import in_flight, job_id, ledger
+from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox.admin import server_state
-from serverless_worker.state import LedgerStatus
 
 __all__ = [
     "FINAL_STATES",
@@ -203,8 +203,8 @@ def check(observed: Observed, *, final_states: set[str], reruns_allowed: int = 0
 
 # -- the table rows ------------------------------------------------------------------------
 def matrix_path() -> Path:
-    """Where rows go: $SW_FAULT_MATRIX_OUT, else .fault-matrix.jsonl in the repo root."""
-    return Path(os.environ.get("SW_FAULT_MATRIX_OUT") or _ROOT / ".fault-matrix.jsonl")
+    """Where rows go: $SWTEST_FAULT_MATRIX_OUT, else .fault-matrix.jsonl in the repo root."""
+    return Path(os.environ.get("SWTEST_FAULT_MATRIX_OUT") or _ROOT / ".fault-matrix.jsonl")
 
 
 def _append(row: dict[str, Any]) -> None:
@@ -219,7 +219,7 @@ def _append(row: dict[str, Any]) -> None:
 
 def record_row(scenario: str, observed: Observed, outcome: str, *, why_reruns: str = "") -> None:
     """Append one JSON line {scenario, protocol, outcome, jobs, final, reruns, faults_fired,
-    duplicates_discarded} to the file named by env var SW_FAULT_MATRIX_OUT (default
+    duplicates_discarded} to the file named by env var SWTEST_FAULT_MATRIX_OUT (default
     `.fault-matrix.jsonl` in the repo root, gitignored). Appends are one write() each so
     xdist workers can share the file."""
     row: dict[str, Any] = {

@@ -27,8 +27,9 @@ from serverless_worker.errors import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
+from serverless_worker.model import SessionState
 from serverless_worker.protocols.addressing import UNADDRESSABLE_PER_PULL
-from serverless_worker.protocols.base import PullRequest, SessionState
+from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.protocols.pipelogiq import PipelogiqClient
 from serverless_worker.protocols.priostack import PriostackClient

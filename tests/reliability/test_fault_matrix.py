@@ -25,8 +25,8 @@ from moto.stepfunctions.exceptions import StepFunctionsException
 from aws.conftest import Env
 from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance
 from reliability.invariants import Observed, check, observe, record_na, record_row
+from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox import create_sandbox
-from serverless_worker.state import LedgerStatus
 from support.waiting import poll
 
 pytestmark = pytest.mark.aws
@@ -551,7 +551,7 @@ def test_table_renders_scenarios_by_protocol(tmp_path: Any, monkeypatch: pytest.
     from pathlib import Path
 
     path = tmp_path / "matrix.jsonl"
-    monkeypatch.setenv("SW_FAULT_MATRIX_OUT", str(path))
+    monkeypatch.setenv("SWTEST_FAULT_MATRIX_OUT", str(path))
 
     def observed(protocol: str, reruns: dict[str, int]) -> Observed:
         return Observed(protocol=protocol, jobs=2, final=Counter({"completed": 2}), results=Counter({1: 2}),

@@ -34,8 +34,7 @@ from aws.e2e_support import (
 from reliability.conftest import HANDLERS, handlers_module
 from reliability.invariants import Observed, check, observe, record_na, record_row
 from serverless_worker.local.moto_lambda import FakeLambdaContext
-from serverless_worker.outcome import OutcomeKind
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus, OutcomeKind
 
 pytestmark = pytest.mark.aws
 

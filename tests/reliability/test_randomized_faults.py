@@ -4,7 +4,7 @@ duplicate deliveries, expired Pipelogiq sessions, and server restarts at random 
 handlers that succeed, reject, raise or get bad input. Then the reliability invariants
 (tests/reliability/invariants.py).
 
-Replay a failure with its seed: ``SW_FAULT_SEED=N pytest tests/reliability/test_randomized_faults.py``
+Replay a failure with its seed: ``SWTEST_FAULT_SEED=N pytest tests/reliability/test_randomized_faults.py``
 (every assertion message names the seed). The seed fixes the fault plan and the job mix; the
 sandbox draws each fault from its own seeded generator in the order calls arrive. What is
 *not* deterministic is thread timing: executors run concurrently, so which call draws which
@@ -36,8 +36,8 @@ import requests
 from invariants import FINAL_STATES, Observed, check, observe, record_row
 
 from aws.e2e_support import PROTOCOLS, in_flight, ledger
+from serverless_worker.model import LedgerStatus
 from serverless_worker.registry import load_handlers
-from serverless_worker.state import LedgerStatus
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.aws
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.aws
 HANDLERS_PATH = str(Path(__file__).with_name("randomized_handlers.py"))
 HANDLER = "rand.mixed"
 
-SEED = int(os.environ.get("SW_FAULT_SEED", "5150"))
+SEED = int(os.environ.get("SWTEST_FAULT_SEED", "5150"))
 JOBS = 500
 MAX_TICKS = 40      # with faults on; each is a short poll window plus the executors' finish
 QUIET_TICKS = 6     # then with faults cleared, should anything still be open
@@ -117,7 +117,7 @@ def replayable(protocol: str) -> Iterator[None]:
     try:
         yield
     except AssertionError as err:
-        raise AssertionError(f"[seed {SEED}, {protocol}; replay: SW_FAULT_SEED={SEED} pytest "
+        raise AssertionError(f"[seed {SEED}, {protocol}; replay: SWTEST_FAULT_SEED={SEED} pytest "
                              f"tests/reliability/test_randomized_faults.py -k {protocol}] {err}") from err
 
 

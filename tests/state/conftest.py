@@ -23,7 +23,7 @@ import pytest
 from moto import mock_aws
 from pydantic import SecretStr
 
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery
 from serverless_worker.state import DynamoStateStore, SqliteStateStore, StateStore
 from serverless_worker.state.items import to_item
 from support.dynamodb import CreatedTable, create_state_table

@@ -10,10 +10,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, ReportReceipt
+from serverless_worker.model import Delivery, LedgerStatus, Outcome, OutcomeKind, ReportReceipt
 from serverless_worker.state import SqliteStateStore
-from serverless_worker.state.items import LedgerStatus
 
 # The version-1 schema exactly as that release created it.
 _VERSION_1 = """

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from serverless_worker import logsafety
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery
 from serverless_worker.state import StateStore
 
 KEY = "api-key-echoed-7c41d0"

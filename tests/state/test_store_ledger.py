@@ -7,12 +7,10 @@ from typing import Any
 
 import pytest
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, ReportReceipt
+from serverless_worker.model import Delivery, LedgerStatus, Outcome, OutcomeKind, ReportReceipt
 from serverless_worker.state import (
     FINAL_RETENTION_SECONDS,
     DynamoStateStore,
-    LedgerStatus,
     StaleWriteError,
     StateStore,
     ledger_key_for,

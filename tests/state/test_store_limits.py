@@ -11,12 +11,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from serverless_worker.errors import PayloadTooLargeError
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery, LedgerStatus, Outcome, OutcomeKind
 from serverless_worker.state import (
     InvalidKeyError,
     ItemTooLargeError,
-    LedgerStatus,
     StateStore,
     UnrecordableDeliveryError,
     ledger_key,

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, ReportReceipt
-from serverless_worker.state import LedgerStatus, StateStore, ledger_key_for
+from serverless_worker.model import Delivery, LedgerStatus, Outcome, OutcomeKind, ReportReceipt
+from serverless_worker.state import StateStore, ledger_key_for
 
 S = LedgerStatus
 OUTCOME = Outcome(kind=OutcomeKind.SUCCESS, value={"old": True})

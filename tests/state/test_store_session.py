@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from serverless_worker.protocols.base import SessionState
+from serverless_worker.model import SessionState
 from serverless_worker.state import StaleWriteError, StateStore
 
 RawItem = Callable[[str, str], dict[str, Any] | None]

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from benchmarks.write_units import WriteUnitMeter
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, ReportReceipt
+from serverless_worker.model import Delivery, Outcome, OutcomeKind, ReportReceipt
 from serverless_worker.state import DynamoStateStore, StateStore
 from support.dynamodb import CreatedTable
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, PullRequest
+from serverless_worker.model import Delivery, Outcome, OutcomeKind
+from serverless_worker.protocols.base import PullRequest
 from serverless_worker.protocols.claimqueue import ClaimQueueClient
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin

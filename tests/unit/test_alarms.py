@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from serverless_worker.errors import LeaseRefusedError
-from serverless_worker.protocols.base import Delivery, Lease
+from serverless_worker.model import Delivery, Lease
 from serverless_worker.runtime.alarms import Alarms
 from serverless_worker.runtime.lease import LeaseKeeper
 

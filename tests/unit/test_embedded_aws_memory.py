@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 
 from serverless_worker.local.aws import EmbeddedAws
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery
 from serverless_worker.state import DynamoStateStore
 from serverless_worker.state.keys import PK, SK, sort_key_for
 

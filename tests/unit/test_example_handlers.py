@@ -9,7 +9,7 @@ import pytest
 from functions.handlers.examples import DECLINED_CARD, charge, echo, sleepy, slow_report
 
 from serverless_worker import CancelReason, Continue
-from serverless_worker.outcome import OutcomeKind
+from serverless_worker.model import OutcomeKind
 from serverless_worker.testing import HandlerEnvironment, WireCall
 
 PAYMENT = {"orderId": "o-1", "amount": 12.5, "currency": "EUR"}

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from serverless_worker.local.summary import RunSummary
 from serverless_worker.local.worker import EXIT_INCOMPLETE, LocalRunner
-from serverless_worker.protocols.base import Delivery, Lease
+from serverless_worker.model import Delivery, Lease
 from serverless_worker.registry import HandlerMode, HandlerSpec
 from serverless_worker.runtime.fit import never_fits
 

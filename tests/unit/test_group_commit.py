@@ -277,8 +277,7 @@ def test_an_unwaited_write_that_fails_is_told_and_rolled_back_alone(connections:
 
 
 def test_an_acknowledgement_recorded_without_waiting_is_in_the_file_once_the_store_closed(tmp_path: Path) -> None:
-    from serverless_worker.outcome import Outcome, OutcomeKind
-    from serverless_worker.protocols.base import Delivery, ReportReceipt
+    from serverless_worker.model import Delivery, Outcome, OutcomeKind, ReportReceipt
 
     store = SqliteStateStore(tmp_path / "s.db")
     delivery = Delivery(protocol="priostack", handler="h", job_id="j1", ledger_id="j1:r0", payload={},

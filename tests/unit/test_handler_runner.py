@@ -15,9 +15,8 @@ from pydantic import BaseModel, Field
 
 from serverless_worker import BusinessError, Continue, Job, Result
 from serverless_worker.handler_runner import MAX_MESSAGE_BYTES, CancelSignal, RunResult, run_handler
-from serverless_worker.job import cancel_job
-from serverless_worker.outcome import OutcomeKind
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.job_control import cancel_job
+from serverless_worker.model import Delivery, OutcomeKind
 from serverless_worker.registry import HandlerSpec
 
 SECRET = "4111-1111-SECRET-VALUE"

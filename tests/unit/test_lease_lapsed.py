@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serverless_worker.protocols.base import Lease
+from serverless_worker.model import Lease
 from serverless_worker.runtime.lease import MIN_RUN_SECONDS, lapsed_at_grant
 
 NOW = 1_000_000.0

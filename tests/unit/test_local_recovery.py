@@ -12,14 +12,13 @@ import pytest
 from pydantic import SecretStr
 
 from serverless_worker.local.recovery import recover
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery, LedgerStatus, Outcome, OutcomeKind
 from serverless_worker.registry import HandlerRegistry
 from serverless_worker.runtime.dispatch import Dispatcher, DispatchError
 from serverless_worker.runtime.reaper import reap_action
 from serverless_worker.runtime.services import Services
 from serverless_worker.settings import Settings
-from serverless_worker.state import LedgerStatus, SqliteStateStore
+from serverless_worker.state import SqliteStateStore
 
 NOW = 1_900_000_000.0
 INSTANCE = "serverless-worker-local"

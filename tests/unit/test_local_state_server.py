@@ -12,8 +12,7 @@ import pytest
 
 from serverless_worker.errors import ConfigurationError
 from serverless_worker.local.state_file import LocalState
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery, ReportReceipt
+from serverless_worker.model import Delivery, Outcome, OutcomeKind, ReportReceipt
 
 OLD, NEW = "http://127.0.0.1:8081", "http://127.0.0.1:9099"
 

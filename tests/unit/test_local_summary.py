@@ -10,8 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from serverless_worker.local.summary import JobRecord, render_summary, summarize
-from serverless_worker.outcome import OutcomeKind
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus, OutcomeKind
 
 
 def record(job: str, attempt: int, *, created: float | None, pulled: float, reported: float | None,

@@ -13,8 +13,8 @@ from pydantic import SecretStr
 from serverless_worker.errors import ConfigurationError
 from serverless_worker.local.observe import RunObserver
 from serverless_worker.local.state_file import LocalState
-from serverless_worker.protocols.base import Delivery
-from serverless_worker.state import FINAL_RETENTION_SECONDS, DynamoStateStore, LedgerStatus, SqliteStateStore
+from serverless_worker.model import Delivery, LedgerStatus
+from serverless_worker.state import FINAL_RETENTION_SECONDS, DynamoStateStore, SqliteStateStore
 
 RETENTION = 600
 

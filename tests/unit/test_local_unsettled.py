@@ -11,8 +11,7 @@ from rich.console import Console
 from serverless_worker.local.observe import RunObserver
 from serverless_worker.local.summary import JobRecord, RunSummary, render_summary, summarize
 from serverless_worker.local.worker import EXIT_INCOMPLETE, LocalRunner
-from serverless_worker.outcome import OutcomeKind
-from serverless_worker.state import LedgerStatus
+from serverless_worker.model import LedgerStatus, OutcomeKind
 
 S = LedgerStatus
 DEFINITE = "none: every delivery has a definite outcome"

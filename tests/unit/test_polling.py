@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery
 from serverless_worker.runtime.polling import (
     LIVENESS_MARGIN_SECONDS,
     LIVENESS_MODES,

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from serverless_worker.outcome import Outcome, OutcomeKind
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery, DispatchMode, LedgerStatus, Outcome, OutcomeKind
 from serverless_worker.runtime.reaper import reap_action
 from serverless_worker.runtime.settle import HANDBACK_PREFIX, SETTLE_ATTEMPTS_MAX
-from serverless_worker.state.items import DispatchMode, LedgerItem, LedgerStatus
+from serverless_worker.state.items import LedgerItem
 
 STORED = Outcome(kind=OutcomeKind.SUCCESS, value=1)
 

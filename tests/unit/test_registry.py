@@ -24,8 +24,9 @@ from serverless_worker.errors import (
     ServerlessWorkerError,
     UnknownHandlerError,
 )
-from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason, cancel_job, runtime_job
-from serverless_worker.outcome import AppendedStage, ContextUpdate, ResultLog
+from serverless_worker.job import MAX_LOG_LINES, MAX_LOG_MESSAGE_BYTES, CancelReason
+from serverless_worker.job_control import cancel_job, runtime_job
+from serverless_worker.model import AppendedStage, ContextUpdate, ResultLog
 from serverless_worker.registry import (
     HandlerRegistry,
     HandlerSpec,

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from serverless_worker.protocols.base import Delivery
+from serverless_worker.model import Delivery, LedgerStatus
 from serverless_worker.registry import HandlerRegistry
 from serverless_worker.runtime.context import LocalContext
 from serverless_worker.runtime.dispatch import Dispatcher
@@ -24,7 +24,7 @@ from serverless_worker.runtime.services import Services
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.settings import Settings
-from serverless_worker.state import LedgerStatus, SqliteStateStore
+from serverless_worker.state import SqliteStateStore
 
 INSTANCE = "batch-test"
 

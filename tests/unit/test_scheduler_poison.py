@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from serverless_worker.model import LedgerStatus
 from serverless_worker.registry import HandlerRegistry
 from serverless_worker.runtime.context import LocalContext
 from serverless_worker.runtime.dispatch import Dispatcher
@@ -24,7 +25,7 @@ from serverless_worker.runtime.services import Services
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.settings import Settings
-from serverless_worker.state import LedgerStatus, SqliteStateStore
+from serverless_worker.state import SqliteStateStore
 from support.poison import incompressible, nested
 from support.waiting import wait_for
 

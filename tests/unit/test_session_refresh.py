@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from serverless_worker.protocols.base import SessionState
+from serverless_worker.model import SessionState
 from serverless_worker.runtime.session import needs_refresh
 
 NOW = 1_000_000.0

@@ -16,7 +16,7 @@ from moto import mock_aws
 
 from serverless_worker.credentials import resolve_api_key
 from serverless_worker.errors import ConfigurationError
-from serverless_worker.settings import LOCAL_API_KEY, Settings, environment_values, load_settings
+from serverless_worker.settings import environment_values, load_settings
 
 SECRET = "sk-live-DO-NOT-PRINT-123"
 HTTPS = "https://jobs.example.com"
@@ -121,20 +121,6 @@ def test_overrides_win_over_the_environment_and_none_is_ignored(monkeypatch: pyt
 def test_plain_http_to_loopback_is_allowed() -> None:
     for url in ("http://localhost:8081", "http://127.0.0.1:8081", "http://[::1]:8081"):
         assert load_settings(base_url=url).base_url == url
-
-
-def test_local_defaults_point_at_the_sandbox_of_the_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
-    s = Settings.local_defaults(protocol="priostack")
-    assert s.base_url == "http://127.0.0.1:8082"
-    assert s.api_key is not None and s.api_key.get_secret_value() == LOCAL_API_KEY
-
-    monkeypatch.setenv("SW_PROTOCOL", "claimqueue")
-    assert Settings.local_defaults().base_url == "http://127.0.0.1:8083"
-
-    monkeypatch.setenv("SW_BASE_URL", "http://localhost:9000")
-    monkeypatch.setenv("SW_API_KEY_PARAMETER", "/worker/key")
-    s = Settings.local_defaults()
-    assert (s.base_url, s.api_key, s.api_key_parameter) == ("http://localhost:9000", None, "/worker/key")
 
 
 def test_secrets_are_masked_in_repr() -> None:

@@ -1,8 +1,10 @@
 """A misspelt ``SW_*`` variable is reported once, naming the closest setting.
 
 Without the warning, ``SW_BATCHSIZE=50`` leaves the batch size at its default and nobody
-notices. Variables the project itself reads that are not settings (test-tier switches)
-must stay quiet, so they are on an explicit allow-list that this file keeps honest.
+notices. The project's own switches that are not settings (the test tiers') are named
+``SWTEST_*``, outside the prefix, so ``settings.py`` knows nothing of them, and this file
+checks every ``SW_`` variable the project reads is a setting. The local command's settings
+(``local/settings.py``) are quiet in the runtime's model, which ignores them.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from serverless_worker import settings as settings_module
-from serverless_worker.settings import NOT_SETTINGS, Settings, environment_values
+from serverless_worker.local.settings import LocalSettings
+from serverless_worker.settings import environment_values
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "value-that-must-not-be-logged-91c2"
 # Where the project reads an SW_ variable from the environment itself (not through Settings).
-_READS = re.compile(r"""(?:environ(?:\.get)?\(|environ\[|getenv\(|setenv\()\s*["'](SW_[A-Z0-9_]+)["']""")
-_MAKE_ASSIGNMENT = re.compile(r"\b(SW_[A-Z0-9_]+)=")
+_READS = re.compile(r"""(?:environ(?:\.get)?\(|environ\[|getenv\(|setenv\()\s*["']((?:SW|SWTEST)_[A-Z0-9_]+)["']""")
+_MAKE_ASSIGNMENT = re.compile(r"\b((?:SW|SWTEST)_[A-Z0-9_]+)=")
 
 
 @pytest.fixture(autouse=True)
@@ -60,15 +63,27 @@ def test_a_name_like_no_setting_points_at_the_config_command(caplog: pytest.LogC
                                    "(`serverless-worker config` lists the settings)"]
 
 
-def test_settings_empty_variables_and_the_allow_list_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
-    environ = {"SW_BATCH_SIZE": "5", "SW_BATCHSIZE": "", **dict.fromkeys(NOT_SETTINGS, "1")}
+def test_settings_empty_variables_and_test_tier_switches_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
+    environ = {"SW_BATCH_SIZE": "5", "SW_BATCHSIZE": "", "SWTEST_FAULT_SEED": "1", "SWTEST_DEPLOYED_TIER": "1"}
 
     assert environment_values(environ) == {"batch_size": "5"}
     assert warnings_in(caplog) == []
 
 
-def test_every_sw_variable_the_project_reads_is_a_setting_or_allow_listed() -> None:
-    settings = {f"SW_{name.upper()}" for name in Settings.model_fields}
+def test_the_local_commands_settings_are_its_own_and_quiet_in_the_runtimes(caplog: pytest.LogCaptureFixture) -> None:
+    environ = {"SW_BATCH_SIZE": "5", "SW_STATE_PATH": "state.sqlite3", "SW_UNTIL_IDLE_SECONDS": "3"}
+
+    assert environment_values(environ) == {"batch_size": "5"}
+    assert environment_values(environ, fields=LocalSettings.model_fields.keys()) == {
+        "batch_size": "5", "state_path": "state.sqlite3", "until_idle_seconds": "3"}
+    assert warnings_in(caplog) == []
+
+    environment_values({"SW_STATE_PTH": "x"}, fields=LocalSettings.model_fields.keys())
+    assert warnings_in(caplog) == ["SW_STATE_PTH is not a setting and is ignored (did you mean SW_STATE_PATH?)"]
+
+
+def test_every_sw_variable_the_project_reads_is_a_setting() -> None:
+    settings = {f"SW_{name.upper()}" for name in LocalSettings.model_fields}
     read: set[str] = set()
     for base in ("layers", "functions", "scripts", "tests", "benchmarks"):
         for path in (ROOT / base).rglob("*.py"):
@@ -76,5 +91,5 @@ def test_every_sw_variable_the_project_reads_is_a_setting_or_allow_listed() -> N
     read |= set(_MAKE_ASSIGNMENT.findall((ROOT / "Makefile").read_text()))
     test_fixtures = {"SW_NOT_A_SETTING"}   # set on purpose by the test that checks they are ignored
 
-    assert {"SW_DEPLOYED_TIER", "SW_FAULT_SEED"} <= read   # the scan finds them at all
-    assert read - settings - test_fixtures <= NOT_SETTINGS
+    assert {"SWTEST_DEPLOYED_TIER", "SWTEST_FAULT_SEED", "SW_BASE_URL"} <= read   # the scan finds them at all
+    assert {name for name in read if name.startswith("SW_")} - settings - test_fixtures == set()

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from serverless_worker import BusinessError, CancelReason, Continue, Job, handler
-from serverless_worker.outcome import OutcomeKind
+from serverless_worker.model import OutcomeKind
 from serverless_worker.registry import HandlerRegistry, default_registry
 from serverless_worker.testing import FakeClock, HandlerEnvironment, WireCall
 

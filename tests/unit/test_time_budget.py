@@ -9,7 +9,7 @@ import math
 import pytest
 
 from serverless_worker.handler_runner import handler_budget
-from serverless_worker.protocols.base import Lease
+from serverless_worker.model import Lease
 from serverless_worker.registry import HandlerSpec
 from serverless_worker.runtime.executor import budget_fits
 from serverless_worker.runtime.lease import time_budget

@@ -33,11 +33,12 @@ from pydantic import ValidationError
 
 from .errors import BadInputError, BusinessError, JobCancelledError
 from .handler_threads import handler_threads
-from .job import CancelReason, Clock, Job, ProgressReporter, cancel_job, runtime_job, truncate_utf8
-from .outcome import Outcome, OutcomeKind, ResultExtras, ResultLog
-from .protocols.base import Delivery
+from .job import CancelReason, Job
+from .job_control import Clock, ProgressReporter, cancel_job, runtime_job
+from .model import Delivery, Outcome, OutcomeKind, ResultExtras, ResultLog
 from .registry import HandlerSpec
 from .results import Continue, NotJsonSerializableError, Result, to_jsonable
+from .textforms import truncate_utf8
 
 __all__ = [
     "CANCEL_OUTCOMES",

@@ -6,10 +6,10 @@ sets it (lease lost, budget spent, shutdown) and the handler notices through
 Handlers should check it between side effects so that a job whose lease is gone starts
 no new ones.
 
-A handler sees only the members it uses (``input``, ids, ``remaining``, ``cancelled``,
-``wait``, ``progress``, ``log``...). The runtime builds its jobs with :func:`runtime_job`
-(clock, progress reporter) and cancels them with :func:`cancel_job`; a unit test builds
-one by hand with ``Job(payload)`` or, better, runs the handler through
+This module is the handler's API and nothing else: a handler sees only the members it
+uses (``input``, ids, ``remaining``, ``cancelled``, ``wait``, ``progress``, ``log``...).
+The runtime builds its jobs and cancels them through ``job_control.py``; a unit test
+builds one by hand with ``Job(payload)`` or, better, runs the handler through
 :mod:`serverless_worker.testing`.
 
 >>> job = Job({"n": 1})
@@ -23,35 +23,22 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime
 from enum import StrEnum
 from types import ModuleType
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from .errors import JobCancelledError
-from .outcome import ResultLog
+from .model import ResultLog
+from .textforms import rfc3339, truncate_utf8
 
-__all__ = [
-    "MAX_LOG_LINES",
-    "MAX_LOG_MESSAGE_BYTES",
-    "CancelReason",
-    "Clock",
-    "Job",
-    "ProgressReporter",
-    "Waiter",
-    "cancel_job",
-    "runtime_job",
-]
+if TYPE_CHECKING:
+    from .job_control import Clock, ProgressReporter, Waiter
+
+__all__ = ["MAX_LOG_LINES", "MAX_LOG_MESSAGE_BYTES", "CancelReason", "Job"]
 
 log = logging.getLogger("serverless_worker.job")
-
-ProgressReporter = Callable[[Any], None]
-# How ``job.wait`` sleeps: given the cancel event and the seconds, True once cancelled.
-# The runtime waits on the event; serverless_worker.testing moves a fake clock instead.
-Waiter = Callable[[threading.Event, float], bool]
 
 MAX_LOG_LINES = 200             # result log lines kept per run; more are counted, not sent
 MAX_LOG_MESSAGE_BYTES = 4096    # each kept line is cut to this size
@@ -63,29 +50,6 @@ class CancelReason(StrEnum):
     LEASE_LOST = "lease_lost"   # the server refused a renewal: start no further side effects
     TIMEOUT = "timeout"         # the time budget is spent
     SHUTDOWN = "shutdown"       # the worker is stopping
-
-
-class Clock(Protocol):
-    """What the runtime needs of a clock; the ``time`` module is one."""
-
-    def time(self) -> float: ...
-
-    def monotonic(self) -> float: ...
-
-
-def rfc3339(epoch: float) -> str:
-    """``2025-01-31T12:00:00.123Z``: the form Pipelogiq wants in result logs."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def truncate_utf8(text: str, limit: int) -> str:
-    """Cut ``text`` to at most ``limit`` UTF-8 bytes without splitting a character."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    marker = "…[truncated]"
-    keep = max(0, limit - len(marker.encode("utf-8")))
-    return data[:keep].decode("utf-8", errors="ignore") + marker
 
 
 class Job[InputT]:
@@ -222,44 +186,3 @@ class Job[InputT]:
 
 def _wait_on_event(event: threading.Event, seconds: float) -> bool:
     return event.wait(seconds)
-
-
-class JobFields(TypedDict, total=False):
-    """The keywords of ``Job.__init__``, for the runtime to pass through (defaults live there)."""
-
-    raw_payload: Any
-    attempt: int
-    retries_left: int | None
-    deadline: float | None
-    job_id: str
-    ledger_id: str | None
-    protocol: str
-    handler: str
-    checkpoint: Any
-    callback_token: str | None
-
-
-def runtime_job[InputT](
-    input: InputT,
-    *,
-    clock: Clock | ModuleType = time,
-    reporter: ProgressReporter | None = None,
-    waiter: Waiter | None = None,
-    **fields: Unpack[JobFields],
-) -> Job[InputT]:
-    """A Job wired to the runtime's clock and progress reporter (and, for fake time, a waiter).
-
-    Kept out of ``Job.__init__`` so a handler author never sees these knobs.
-    """
-    job: Job[InputT] = Job(input, **fields)
-    job._clock = clock
-    job._reporter = reporter
-    if waiter is not None:
-        job._waiter = waiter
-    return job
-
-
-def cancel_job(job: Job[Any], reason: CancelReason | str) -> None:
-    """Ask the handler running ``job`` to stop. The first reason wins; unknown reasons raise
-    ValueError. For the runtime (lease lost, budget spent, shutdown), not for handlers."""
-    job._cancel(reason)

@@ -25,8 +25,8 @@ from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from .errors import NotJsonSerializableError
-from .job import rfc3339
-from .outcome import AppendedStage, ContextUpdate, ResultExtras, ResultLog
+from .model import AppendedStage, ContextUpdate, ResultExtras, ResultLog
+from .textforms import rfc3339
 
 __all__ = ["Continue", "NotJsonSerializableError", "Result", "to_jsonable"]
 

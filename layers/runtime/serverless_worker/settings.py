@@ -1,4 +1,8 @@
-"""Every setting in one validated model, read from ``SW_*`` environment variables.
+"""The runtime's settings in one validated model, read from ``SW_*`` environment variables.
+
+These are what the Lambda functions read; the local command adds its own (the state file,
+when to stop, ...) in ``local/settings.py``, a subclass of this model, and the test tiers'
+switches are named outside the ``SW_`` prefix (``SWTEST_*``), so nothing here is theirs.
 
 A bad configuration fails once, with one :class:`ConfigurationError` listing every bad
 setting by its environment variable name (``SW_BATCH_SIZE: ...``), never echoing a
@@ -19,7 +23,7 @@ import difflib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -31,9 +35,6 @@ from .registry import HANDLER_NAME_RE
 
 __all__ = [
     "ENV_PREFIX",
-    "LOCAL_API_KEY",
-    "LOCAL_PORTS",
-    "NOT_SETTINGS",
     "Protocol",
     "Settings",
     "environment_values",
@@ -43,9 +44,6 @@ __all__ = [
 
 ENV_PREFIX = "SW_"
 Protocol = Literal["pipelogiq", "priostack", "claimqueue"]
-# The built-in sandboxes' defaults (``serverless-worker sandbox``): ports and API key.
-LOCAL_PORTS: dict[str, int] = {"pipelogiq": 8081, "priostack": 8082, "claimqueue": 8083}
-LOCAL_API_KEY = "sandbox-api-key"
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -54,42 +52,45 @@ def _env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
 
-
-# ``SW_`` variables that are not settings but that the project reads (test tiers, tooling):
-# they must not be reported as misspelt settings.
-NOT_SETTINGS = frozenset({"SW_DEPLOYED_TIER", "SW_LOCALSTACK_HOST", "SW_FAULT_SEED", "SW_FAULT_MATRIX_OUT"})
+# The fields a subclass adds (the local command's ``LocalSettings``, local/settings.py): settings
+# of another command, which this model ignores without calling them misspelt.
+_other_commands_fields: set[str] = set()
 _reported_unknown: set[str] = set()
 
 
-def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment_values(environ: Mapping[str, str] | None = None, *,
+                       fields: Collection[str] | None = None) -> dict[str, str]:
     """The ``SW_<NAME>`` variables that name a setting, by field name, as the text they hold.
 
-    Names match case-insensitively; empty variables count as unset. Any other non-empty
-    ``SW_`` variable is ignored, with one warning per name naming the closest setting,
-    since a misspelt variable otherwise leaves its setting at the default without a word.
+    ``fields``: the model's fields (default the runtime's, :class:`Settings`). Names match
+    case-insensitively; empty variables count as unset. Any other non-empty ``SW_``
+    variable is ignored, with one warning per name naming the closest setting, since a
+    misspelt variable otherwise leaves its setting at the default without a word; a setting
+    of another command (the local command's) is ignored quietly.
     Values stay text: the model's validators parse them, and a structured setting parses
     its own text in a ``before`` validator (``handlers``, ``criteria``).
     """
+    known = Settings.model_fields.keys() if fields is None else fields
     prefix = ENV_PREFIX.lower()
     found: dict[str, str] = {}
     for name, value in (os.environ if environ is None else environ).items():
         key = name.lower()
         if not value or not key.startswith(prefix):
             continue
-        if key[len(prefix):] in Settings.model_fields:
+        if key[len(prefix):] in known:
             found[key[len(prefix):]] = value
-        else:
-            _report_unknown(name)
+        elif key[len(prefix):] not in _other_commands_fields:
+            _report_unknown(name, known)
     return found
 
 
-def _report_unknown(name: str) -> None:
+def _report_unknown(name: str, fields: Collection[str]) -> None:
     """Warn, once per process, that ``name`` is not a setting; never its value (it could be a key)."""
     upper = name.upper()
-    if upper in NOT_SETTINGS or upper in _reported_unknown:
+    if upper in _reported_unknown:
         return
     _reported_unknown.add(upper)
-    known = [_env_name(field) for field in Settings.model_fields]
+    known = [_env_name(field) for field in fields]
     close = difflib.get_close_matches(upper, known, n=1)
     hint = f"did you mean {close[0]}?" if close else "`serverless-worker config` lists the settings"
     logging.getLogger("serverless_worker.settings").warning(
@@ -179,42 +180,19 @@ class Settings(BaseModel):
     connect_timeout: float = Field(3.05, gt=0, description="HTTP connect timeout, seconds.")
     read_timeout: float = Field(10, gt=0, description="HTTP read timeout, seconds (a long poll adds its "
                                                       "wait).")
-    # The local command only (a long-lived process); Lambda ignores these.
-    transport: Literal["http", "socket"] = Field(
-        "http", description="Claim-queue transport of the local command: http, or socket (the work "
-                            "WebSocket; one process claims and runs). Lambda always uses http.")
-    until_idle_seconds: float | None = Field(
-        None, gt=0, description="Local command: drain and exit once nothing runs and no job arrived for "
-                                "this long; unset runs until Ctrl-C (the built-in demo defaults to 3).")
-    drain_grace_seconds: float = Field(60, ge=0, description="How long a drain waits for running jobs "
-                                                             "before giving up on them.")
-    state_path: str | None = Field(
-        None, min_length=1, description="Local command: the SQLite file holding the worker's state (ledger, session, "
-                          "counters); run again with the same file, a killed run's deliveries are settled. "
-                          "Default .serverless-worker/state.sqlite3 in the working directory; the built-in "
-                          "demo's is a temporary file, removed at the end.")
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own fields (the local command's) become settings this model ignores quietly."""
+        super().__pydantic_init_subclass__(**kwargs)
+        _other_commands_fields.update(set(cls.model_fields) - set(Settings.model_fields))
 
     def __init__(self, **values: Any) -> None:
         try:
-            super().__init__(**{**environment_values(), **values})
+            super().__init__(**{**environment_values(fields=type(self).model_fields.keys()), **values})
         except ValidationError as err:
             # ``from None``: the chained ValidationError would print input values.
             raise ConfigurationError(format_settings_error(err)) from None
-
-    @classmethod
-    def local_defaults(cls, **overrides: Any) -> Settings:
-        """Settings for a laptop and the built-in sandbox: loopback URL and the sandbox key.
-
-        The environment and ``overrides`` still win over these defaults.
-        """
-        values = {k: v for k, v in overrides.items() if v is not None}
-        protocol = str(values.get("protocol") or os.environ.get(_env_name("protocol")) or "pipelogiq")
-        if "base_url" not in values and not os.environ.get(_env_name("base_url")):
-            values["base_url"] = f"http://127.0.0.1:{LOCAL_PORTS.get(protocol.strip().lower(), 8081)}"
-        credential_fields = ("api_key", "api_key_secret_arn", "api_key_parameter")
-        if not any(f in values or os.environ.get(_env_name(f)) for f in credential_fields):
-            values["api_key"] = LOCAL_API_KEY
-        return cls(**values)
 
     # -- field parsing -----------------------------------------------------------
     @field_validator("protocol", "log_level", mode="before")

@@ -5,7 +5,7 @@ the job's identity, hook progress reports, schedule a cancellation, then :meth:`
 a handler on a payload. The run is synchronous and deterministic: time is a
 :class:`FakeClock` that moves only when ``job.wait(seconds)`` sleeps or a test calls
 ``clock.advance()``, so a handler that waits an hour finishes at once. What comes back
-is the :class:`~serverless_worker.outcome.Outcome` the runtime would store, mapped by the
+is the :class:`~serverless_worker.model.Outcome` the runtime would store, mapped by the
 runtime's own code (``handler_runner``), and the call each protocol client would make for
 it (:meth:`HandlerRun.wire`), built by the clients' own mapping functions.
 
@@ -51,10 +51,10 @@ from .handler_runner import (
     handler_budget,
     start_or_refuse,
 )
-from .job import CancelReason, Job, cancel_job, runtime_job
-from .outcome import Outcome, OutcomeKind, ResultLog
+from .job import CancelReason, Job
+from .job_control import cancel_job, runtime_job
+from .model import Delivery, Outcome, OutcomeKind, ResultLog
 from .protocols import claimqueue, pipelogiq, priostack
-from .protocols.base import Delivery
 from .registry import SPEC_ATTRIBUTE, HandlerSpec, default_registry
 from .results import Continue
 

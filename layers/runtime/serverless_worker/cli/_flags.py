@@ -1,5 +1,7 @@
-"""Command-line flags generated from the one :class:`~serverless_worker.settings.Settings`
-model: ``--batch-size`` is ``SW_BATCH_SIZE`` is the template parameter ``BatchSize``.
+"""Command-line flags generated from the settings model (the runtime's
+:class:`~serverless_worker.settings.Settings` and the local command's additions,
+:class:`~serverless_worker.local.settings.LocalSettings`): ``--batch-size`` is
+``SW_BATCH_SIZE`` is the template parameter ``BatchSize``.
 
 Flag values are handed to the model as the strings an environment variable would hold,
 so a flag and its variable are parsed and validated by the same code.
@@ -13,7 +15,8 @@ import types
 import typing
 from typing import Any
 
-from ..settings import ENV_PREFIX, Settings
+from ..local.settings import LocalSettings
+from ..settings import ENV_PREFIX
 
 __all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "add_worker_flags", "env_name",
            "flag_names", "one_of", "settings_from_args"]
@@ -97,7 +100,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: frozenset[str] | N
     group = parser.add_argument_group(
         "settings", f"each flag is also an environment variable ({example}); "
                     "the flag wins. `serverless-worker config` lists them all.")
-    for name, field in Settings.model_fields.items():
+    for name, field in LocalSettings.model_fields.items():
         options = flag_names(name)
         if not options or (only is not None and name not in only):
             continue
@@ -123,7 +126,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: frozenset[str] | N
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given as flags, by field name (lists joined the way SW_HANDLERS reads them)."""
     given: dict[str, Any] = {}
-    for name in Settings.model_fields:
+    for name in LocalSettings.model_fields:
         value = getattr(args, _DEST + name, None)
         if value is None:
             continue

@@ -17,7 +17,7 @@ from pydantic_core import PydanticUndefined
 
 from ..errors import ConfigurationError
 from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
-from ..settings import Settings
+from ..local.settings import LocalSettings
 from ._flags import LAMBDA_ONLY, NO_FLAG, env_name, flag_names
 
 __all__ = ["SettingRow", "settings_rows", "to_markdown", "to_text"]
@@ -104,7 +104,7 @@ def settings_rows(template: Path | None = None) -> list[SettingRow]:
     except (ConfigurationError, ImportError):
         sources = None  # no template.yaml here (or no PyYAML): the column says so
     rows = []
-    for name, field in Settings.model_fields.items():
+    for name, field in LocalSettings.model_fields.items():
         env = env_name(name)
         default = _default(field)
         column = (_template_column(sources.get(env), parameters, default) if sources is not None

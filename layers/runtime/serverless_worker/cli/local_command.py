@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
-from ..settings import Settings
+from ..local.settings import LocalSettings
 from ._flags import add_settings_flags, add_worker_flags, env_name, flag_names, settings_from_args
 
 __all__ = ["build_settings", "register", "run"]
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def build_settings(args: argparse.Namespace) -> tuple[Settings, bool]:
+def build_settings(args: argparse.Namespace) -> tuple[LocalSettings, bool]:
     """The validated settings and whether the run uses its own sandbox; ConfigurationError
     names every bad setting (its variable and flag) at once."""
     given = settings_from_args(args)
@@ -117,7 +117,7 @@ def build_settings(args: argparse.Namespace) -> tuple[Settings, bool]:
     if own_sandbox:
         values["base_url"] = _PLACEHOLDER_URL
     try:
-        settings = Settings(**values)
+        settings = LocalSettings(**values)
     except ConfigurationError as err:
         raise ConfigurationError(_message(_lines(str(err)) + problems + _cross_checks(
             lambda name: values.get(name) or os.environ.get(env_name(name)), own_sandbox,

@@ -30,7 +30,7 @@ from ..loopback import is_loopback_host
 from ..sandbox import SANDBOXES, create_sandbox
 
 if TYPE_CHECKING:
-    from ..sandbox._server import Sandbox, SandboxServer
+    from ..sandbox import Sandbox, SandboxServer
 
 __all__ = ["DEFAULT_PORTS", "DEMO_SEEDS", "register", "run"]
 
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     bodies = _seed_bodies(args.seed, protocol if args.demo else None)
     sandbox = _build(protocol, dict(args.settings))
     if args.faults:
-        from ..sandbox._server import FaultPlan, FaultRule
+        from ..sandbox import FaultPlan, FaultRule
 
         sandbox.faults.set(FaultPlan(rules=[FaultRule(kind=kind, endpoint=endpoint)
                                             for kind, endpoint in args.faults]))
@@ -208,7 +208,7 @@ def _fault(text: str) -> tuple[str, str]:
     """``KIND[@ENDPOINT]``, checked against the fault kinds the sandboxes know."""
     from typing import get_args
 
-    from ..sandbox._server import FaultKind
+    from ..sandbox import FaultKind
 
     kind, _, endpoint = text.partition("@")
     kinds = get_args(FaultKind)
@@ -263,7 +263,7 @@ def _seed(sandbox: Sandbox, body: Any) -> None:
 
 
 def _bind(sandbox: Sandbox, host: str, port: int) -> SandboxServer:
-    from ..sandbox._server import SandboxServer  # uvicorn: only when actually serving
+    from ..sandbox import SandboxServer  # uvicorn: only when actually serving
 
     try:
         return SandboxServer(sandbox, host=host, port=port)

@@ -86,7 +86,7 @@ class OwnSandbox:
 
     @classmethod
     def start(cls, protocol: str, key: str) -> OwnSandbox:
-        from ..sandbox._server import SandboxServer
+        from ..sandbox import SandboxServer
 
         sandbox = create_sandbox(protocol, **sandbox_credential_config(protocol, key))
         return cls(server=SandboxServer(sandbox).start(), protocol=protocol)
@@ -111,6 +111,17 @@ class OwnSandbox:
         finally:
             admin.close()
         return self.seeded
+
+    def server_view(self) -> tuple[dict[str, float], dict[str, int]]:
+        """Job id -> creation time, and the server's calls per endpoint, from the admin API:
+        what the run's summary sets beside the worker's own view."""
+        from ..sandbox.admin import SandboxAdmin
+
+        admin = SandboxAdmin(self.url)
+        try:
+            return job_creation_times(admin.jobs()), dict(admin.stats().get("calls", {}))
+        finally:
+            admin.close()
 
     def stop(self) -> None:
         self.server.stop()

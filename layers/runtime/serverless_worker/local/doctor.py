@@ -45,9 +45,9 @@ from ..errors import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
-from ..outcome import Outcome, OutcomeKind
+from ..model import Delivery, Outcome, OutcomeKind
 from ..protocols._http import display_url
-from ..protocols.base import Delivery, PullRequest, WorkerIdentity, WorkerProtocol
+from ..protocols.base import PullRequest, WorkerIdentity, WorkerProtocol
 from ..settings import Settings
 
 __all__ = ["Check", "Doctor", "SMOKE_HANDLER"]

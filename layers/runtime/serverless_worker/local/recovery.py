@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..model import DispatchMode, LedgerStatus
 from ..runtime.dispatch import DispatchError
 from ..runtime.services import Services
-from ..state.items import DispatchMode, LedgerStatus
 
 __all__ = ["RecoveryReport", "recover"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import ConfigurationError
-from ..state.items import FINAL_STATUSES, LedgerStatus
+from ..model import FINAL_STATUSES, LedgerStatus
 from ..state.sqlite_store import SqliteStateStore
 
 __all__ = ["LocalState"]

@@ -26,8 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..outcome import OutcomeKind
-from ..state import FINAL_STATUSES, LedgerStatus
+from ..model import FINAL_STATUSES, LedgerStatus, OutcomeKind
 from ..state.items import delivery_record
 
 __all__ = ["FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize",

@@ -67,7 +67,7 @@ from ..runtime.services import Services
 from ..runtime.steps import run_step
 from ..waits import abandon_waits, allow_waits, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
-from .demo import OwnSandbox, demo_seeds, job_creation_times, new_key
+from .demo import OwnSandbox, demo_seeds, new_key
 from .dispatcher import LocalDispatcher
 from .first_contact import FirstContactError, HeldLogs, probe, refusal, unsupported_detail
 from .handler_module import load_local_handlers
@@ -564,16 +564,10 @@ class LocalRunner:
         admin_created: dict[str, float] | None = None
         server_calls: dict[str, int] | None = None
         if sandbox is not None:
-            from ..sandbox.admin import SandboxAdmin
-
-            admin = SandboxAdmin(sandbox.url)
             try:
-                admin_created = job_creation_times(admin.jobs())
-                server_calls = dict(admin.stats().get("calls", {}))
+                admin_created, server_calls = sandbox.server_view()
             except Exception as err:  # the summary still stands on the ledger
                 log.warning("sandbox admin API not readable: %s", type(err).__name__)
-            finally:
-                admin.close()
         try:
             client_calls = dict(services.protocol.calls)  # type: ignore[attr-defined]
         except (AttributeError, ServerlessWorkerError):

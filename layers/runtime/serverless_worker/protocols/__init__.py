@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-from .base import (
-    Delivery,
-    Lease,
-    PullRequest,
-    ReportReceipt,
-    SessionState,
-    WorkerEvent,
-    WorkerIdentity,
-    WorkerProtocol,
-    WorkerStatus,
-)
+from .base import PullRequest, WorkerEvent, WorkerIdentity, WorkerProtocol, WorkerStatus
 
 __all__ = [
     "PROTOCOLS",
     "protocol_class",
-    "Delivery",
-    "Lease",
     "PullRequest",
-    "ReportReceipt",
-    "SessionState",
     "WorkerEvent",
     "WorkerIdentity",
     "WorkerProtocol",

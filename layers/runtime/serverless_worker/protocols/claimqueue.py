@@ -41,11 +41,11 @@ from ..errors import (
     UnsupportedServerError,
 )
 from ..logsafety import server_text
-from ..outcome import Outcome, OutcomeKind
+from ..model import Delivery, Lease, Outcome, OutcomeKind, ReportReceipt
 from ._http import HttpResponse
 from ._paths import path_segment
 from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
-from .base import Delivery, Lease, PullRequest, ReportReceipt
+from .base import PullRequest
 from .claimqueue_models import (
     ClaimAnswer,
     ClaimRequest,

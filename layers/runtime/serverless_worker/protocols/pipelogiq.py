@@ -45,19 +45,10 @@ from ..errors import (
     UnsupportedServerError,
 )
 from ..logsafety import server_text
-from ..outcome import Outcome, OutcomeKind
+from ..model import Delivery, Lease, Outcome, OutcomeKind, ReportReceipt, SessionState
 from ._http import HttpResponse, header_safe
 from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
-from .base import (
-    Delivery,
-    Lease,
-    PullRequest,
-    ReportReceipt,
-    SessionState,
-    WorkerEvent,
-    WorkerIdentity,
-    WorkerStatus,
-)
+from .base import PullRequest, WorkerEvent, WorkerIdentity, WorkerStatus
 from .http_client import HttpOptions, HttpProtocolClient
 from .pipelogiq_models import (
     MAX_RESULT_BYTES,

@@ -38,18 +38,11 @@ from ..errors import (
     UnsupportedServerError,
 )
 from ..logsafety import server_text
-from ..outcome import Outcome, OutcomeKind
+from ..model import Delivery, Outcome, OutcomeKind, ReportReceipt, SessionState
 from ._http import HttpResponse
 from ._paths import path_segment
 from .addressing import AddressTally
-from .base import (
-    Delivery,
-    PullRequest,
-    ReportReceipt,
-    SessionState,
-    WorkerIdentity,
-    WorkerStatus,
-)
+from .base import PullRequest, WorkerIdentity, WorkerStatus
 from .http_client import HttpOptions, HttpProtocolClient
 from .priostack_models import (
     ActivateRequest,

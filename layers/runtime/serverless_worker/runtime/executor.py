@@ -22,8 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseRefusedError, ProtocolError, UnknownHandlerError
-from ..outcome import Outcome, OutcomeKind
-from ..protocols.base import Delivery, Lease
+from ..model import Delivery, Lease, Outcome, OutcomeKind
 from ..state.errors import ItemTooLargeError, StaleWriteError
 from .context import LambdaContextLike
 from .fit import never_fits, report_unfit

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from ..protocols.base import Delivery, Lease
+from ..model import Delivery, Lease
 from ..registry import HandlerSpec
 from .services import Services
 

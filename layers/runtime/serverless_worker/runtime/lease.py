@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import LeaseRefusedError, ProtocolError
-from ..protocols.base import Delivery, Lease
+from ..model import Delivery, Lease
 from .alarms import Alarms, alarms
 from .services import Services
 

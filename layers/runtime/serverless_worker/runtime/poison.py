@@ -24,8 +24,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import LeaseRefusedError, ProtocolError
-from ..outcome import Outcome, OutcomeKind
-from ..protocols.base import Delivery
+from ..model import Delivery, Outcome, OutcomeKind
 from ..state.errors import UnrecordableDeliveryError
 from .services import Services
 from .settle import count_settled

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ProtocolError, ResultNotAcceptedError
 
 if TYPE_CHECKING:
-    from ..protocols.base import Delivery
+    from ..model import Delivery
     from .services import Services
 
 __all__ = ["progress_reporter"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ServerlessWorkerError
-from ..outcome import Outcome, OutcomeKind
-from ..state.items import LedgerItem, LedgerStatus
+from ..model import LedgerStatus, Outcome, OutcomeKind
+from ..state.items import LedgerItem
 from .services import Services
 from .settle import HANDBACK_PREFIX, SETTLE_ATTEMPTS_MAX, acknowledge, hand_back, handback_epoch, settle
 

@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Callable
 
-from ..protocols.base import Delivery
+from ..model import Delivery
 from .polling import KeyedBackoff
 
 __all__ = ["JOB_REFUSAL_FIRST_SECONDS", "JOB_REFUSAL_MAX_SECONDS", "JobRefusals"]

@@ -33,7 +33,8 @@ from ..errors import (
     ServerUnavailableError,
     UnknownHandlerError,
 )
-from ..protocols.base import Delivery, PullRequest, WorkerProtocol, WorkerStatus
+from ..model import Delivery
+from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
 from ..state.errors import UnrecordableDeliveryError
 from .context import LambdaContextLike
 from .dispatch import DispatchError

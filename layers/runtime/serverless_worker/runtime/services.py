@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pydantic import SecretStr
 
 from ..errors import InvalidApiKeyError, SessionExpiredError, SessionRecoveryPausedError
-from ..protocols.base import Delivery, WorkerIdentity, WorkerProtocol
+from ..model import Delivery
+from ..protocols.base import WorkerIdentity, WorkerProtocol
 from .dispatch import Dispatcher, DispatchError
 from .events import EventBuffer
 from .refusals import JobRefusals

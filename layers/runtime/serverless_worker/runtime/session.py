@@ -26,7 +26,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import ServerlessWorkerError, SessionRecoveryPausedError
-from ..protocols.base import SessionState, WorkerIdentity, WorkerProtocol
+from ..model import SessionState
+from ..protocols.base import WorkerIdentity, WorkerProtocol
 from .polling import backoff_step, upper_half
 
 if TYPE_CHECKING:

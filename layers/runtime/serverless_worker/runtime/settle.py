@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError, ServerlessWorkerError
-from ..outcome import Outcome, OutcomeKind
-from ..protocols.base import Delivery, ReportReceipt
+from ..model import Delivery, Outcome, OutcomeKind, ReportReceipt
 from ..state.rules import HANDBACK_EPOCH_PREFIX
 from .services import Services
 

@@ -42,10 +42,9 @@ from ..errors import (
     ServerlessWorkerError,
     UnknownHandlerError,
 )
-from ..outcome import Outcome, OutcomeKind
-from ..protocols.base import Lease
+from ..model import Lease, LedgerStatus, Outcome, OutcomeKind
 from ..state.errors import StaleWriteError, StateStoreError
-from ..state.items import LedgerItem, LedgerStatus
+from ..state.items import LedgerItem
 from .context import LambdaContextLike
 from .dispatch import DispatchError
 from .executor import settle_lapsed, settle_refusal

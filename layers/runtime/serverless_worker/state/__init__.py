@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .base import StateStore
 from .errors import InvalidKeyError, ItemTooLargeError, StaleWriteError, StateStoreError, UnrecordableDeliveryError
-from .items import FINAL_STATUSES, IN_FLIGHT_STATUSES, DispatchMode, LedgerItem, LedgerStatus
+from .items import LedgerItem
 from .keys import IN_FLIGHT_INDEX, ledger_key, ledger_key_for, parse_ledger_key
 from .rules import EXPIRED_RETENTION_SECONDS, FINAL_RETENTION_SECONDS
 from .store import DynamoStateStore

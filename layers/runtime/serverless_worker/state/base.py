@@ -56,15 +56,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from ..logsafety import server_text
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt, SessionState
+from ..model import Delivery, DispatchMode, LedgerStatus, Outcome, ReportReceipt, SessionState
 from . import rules
 from .conditions import Condition, Missing, Update
 from .errors import DeliveryTooLargeError, ItemTooLargeError, StaleWriteError, UnrecordableDeliveryError
 from .items import (
-    DispatchMode,
     LedgerItem,
-    LedgerStatus,
     compact_model,
     dumps,
     recordable,

@@ -1,4 +1,4 @@
-"""Ledger statuses, the typed view of a ledger item, and conversion to DynamoDB's wire form.
+"""The typed view of a ledger item, and conversion to DynamoDB's wire form (statuses: ``model``).
 
 Top-level attributes are native DynamoDB types (they are read by conditions and the
 index). Documents (the delivery, outcome, checkpoint, report, session) are stored as
@@ -18,24 +18,18 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 from pydantic import BaseModel
 
-from ..outcome import Outcome
-from ..protocols.base import Delivery, ReportReceipt
+from ..model import Delivery, DispatchMode, LedgerStatus, Outcome, ReportReceipt
 from .errors import InvalidKeyError, UnrecordableDeliveryError, UnrecordableKeyError
 from .keys import DEADLINE, PK, SCOPE, SK, ledger_key_for, scope_of, sort_key_for
 
 __all__ = [
     "attributes_size",
-    "FINAL_STATUSES",
-    "IN_FLIGHT_STATUSES",
-    "DispatchMode",
     "LedgerItem",
-    "LedgerStatus",
     "compact_model",
     "delivery_record",
     "encoded_document",
@@ -48,33 +42,6 @@ __all__ = [
     "to_attribute",
     "to_item",
 ]
-
-
-class LedgerStatus(StrEnum):
-    """Where a delivery is in its life. The value is the name, as stored."""
-
-    RECORDED = "RECORDED"                # in the ledger, not yet handed to an executor
-    DISPATCHED = "DISPATCHED"            # executor invoked / execution started
-    DISPATCH_FAILED = "DISPATCH_FAILED"  # the fan-out failed; to be handed back (reaper picks it up)
-    RUNNING = "RUNNING"                  # claimed by the run holding `epoch`
-    OUTCOME_STORED = "OUTCOME_STORED"    # outcome saved; report it (again) but never re-run
-    REPORTED = "REPORTED"                # the server has the outcome; acknowledge it
-    ACKNOWLEDGED = "ACKNOWLEDGED"        # final: done
-    HANDED_BACK = "HANDED_BACK"          # final: returned unstarted (or lease lapsed)
-    DISCARDED = "DISCARDED"              # final: duplicate, stale or refused; dropped unrun
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_STATUSES
-
-
-FINAL_STATUSES = frozenset({LedgerStatus.ACKNOWLEDGED, LedgerStatus.HANDED_BACK, LedgerStatus.DISCARDED})
-IN_FLIGHT_STATUSES = frozenset(set(LedgerStatus) - FINAL_STATUSES)
-
-
-class DispatchMode(StrEnum):
-    INVOKE = "invoke"                # one async executor invocation
-    STATE_MACHINE = "state_machine"  # one Step Functions execution (long-running handlers)
 
 
 def recorded_attributes(key: str, delivery: Delivery, *, packed_delivery: Any, instance: str, deadline: float,

@@ -9,7 +9,7 @@ bad id fails with a message naming it instead of a bare ``ValidationException``.
 
 from __future__ import annotations
 
-from ..protocols.base import Delivery
+from ..model import Delivery
 from .errors import InvalidKeyError
 
 __all__ = [

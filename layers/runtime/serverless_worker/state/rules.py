@@ -13,9 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocols.base import ReportReceipt
+from ..model import LedgerStatus, ReportReceipt
 from .conditions import Compare, Condition, Exists, Missing, OneOf, Param, StartsWith
-from .items import LedgerStatus
 from .keys import PK, SCOPE, SK, TTL
 
 __all__ = [

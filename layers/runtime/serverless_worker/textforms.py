@@ -1,0 +1,26 @@
+"""Text in the forms a result carries: RFC 3339 times and messages cut to a byte cap.
+
+Shared by the handler's ``Job.log``, the result mapping (``results.py``) and the handler
+runner, which all write into one :class:`~serverless_worker.model.Outcome`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+__all__ = ["rfc3339", "truncate_utf8"]
+
+
+def rfc3339(epoch: float) -> str:
+    """``2025-01-31T12:00:00.123Z``: the form Pipelogiq wants in result logs."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def truncate_utf8(text: str, limit: int) -> str:
+    """Cut ``text`` to at most ``limit`` UTF-8 bytes without splitting a character."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    marker = "…[truncated]"
+    keep = max(0, limit - len(marker.encode("utf-8")))
+    return data[:keep].decode("utf-8", errors="ignore") + marker
