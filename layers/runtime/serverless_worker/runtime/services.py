@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import SecretStr
 
-from ..errors import InvalidApiKeyError, SessionExpiredError, SessionRecoveryPausedError
+from ..errors import DispatchError, InvalidApiKeyError, SessionExpiredError, SessionRecoveryPausedError
 from ..protocols.base import Delivery, WorkerIdentity, WorkerProtocol
-from .dispatch import Dispatcher, DispatchError
+from .dispatch import Dispatcher
 from .events import EventBuffer
 from .refusals import JobRefusals
 from .session import SessionKeeper

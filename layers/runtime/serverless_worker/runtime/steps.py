@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import (
+    DispatchError,
     LeaseRefusedError,
     PayloadTooLargeError,
     ProtocolError,
@@ -47,7 +48,6 @@ from ..protocols.base import Lease
 from ..state.errors import StaleWriteError, StateStoreError
 from ..state.items import LedgerItem, LedgerStatus
 from .context import LambdaContextLike
-from .dispatch import DispatchError
 from .executor import settle_lapsed, settle_refusal
 from .lease import lapsed_at_grant, time_budget
 from .progress import progress_reporter
