@@ -17,6 +17,7 @@ import logging
 
 from ..protocols.base import Delivery, Lease
 from ..registry import HandlerSpec
+from .budget import LEASE_MARGIN_SECONDS, lease_room
 from .services import Services
 
 __all__ = ["never_fits", "report_unfit"]
@@ -25,7 +26,7 @@ log = logging.getLogger("serverless_worker.fit")
 
 
 def never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None, *, lambda_limit: float,
-               report_margin: float, lease_margin: float = 2.0) -> str | None:
+               report_margin: float) -> str | None:
     """Why ``spec.timeout`` can never fit any delivery like this one, or ``None``.
 
     ``lambda_limit`` is the executor invocation's whole time (its remaining time when it
@@ -33,12 +34,11 @@ def never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None, *, la
     timeout = spec.timeout
     if timeout is None or timeout <= 0:
         return None
-    if lease is not None and not lease.renewable and lease.expires_at is not None:
-        usable = lease.expires_at - delivery.pulled_at - lease_margin
-        if timeout > usable:
-            return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the {delivery.protocol} "
-                    f"lease it runs under lasts {usable + lease_margin:.0f}s and cannot be renewed "
-                    f"(at most {max(0.0, usable):.0f}s of it can be used)")
+    usable = lease_room(lease, delivery.pulled_at)
+    if usable is not None and timeout > usable:
+        return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the {delivery.protocol} "
+                f"lease it runs under lasts {usable + LEASE_MARGIN_SECONDS:.0f}s and cannot be renewed "
+                f"(at most {max(0.0, usable):.0f}s of it can be used)")
     job_timeout = delivery.timeout_seconds
     if job_timeout is not None and 0 < job_timeout < timeout:
         return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the job's own timeout "
