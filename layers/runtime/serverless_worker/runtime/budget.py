@@ -8,10 +8,15 @@ combines the limits are written once. ``docs/timeouts.md`` explains them to oper
 
 from __future__ import annotations
 
-from ..protocols.base import Lease
+from typing import TYPE_CHECKING
+
+from ..protocols.base import Delivery, Lease
+
+if TYPE_CHECKING:
+    from ..registry import HandlerSpec
 
 __all__ = ["LEASE_MARGIN_SECONDS", "MIN_RUN_SECONDS", "budget_fits", "callback_budget", "lapsed_at_grant",
-           "lease_room", "time_budget"]
+           "lease_room", "never_fits", "time_budget"]
 
 # A run under a lease that cannot be renewed stops this long before the lease lapses: past
 # the lapse the server may hand the job to someone else.
@@ -73,3 +78,28 @@ def lapsed_at_grant(lease: Lease, now: float, minimum: float = MIN_RUN_SECONDS) 
     if left <= 0:
         return f"lease granted already expired ({-left:.1f}s ago)"
     return f"lease granted with {left:.1f}s left, under the {minimum:g}s a run needs"
+
+
+def never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None, *, lambda_limit: float,
+               report_margin: float) -> str | None:
+    """Why ``spec.timeout`` can never fit any delivery like this one, or ``None``.
+
+    ``lambda_limit`` is the executor invocation's whole time (its remaining time when it
+    started). The lease bound is the lease's whole length (expiry less the pull time)."""
+    timeout = spec.timeout
+    if timeout is None or timeout <= 0:
+        return None
+    usable = lease_room(lease, delivery.pulled_at)
+    if usable is not None and timeout > usable:
+        return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the {delivery.protocol} "
+                f"lease it runs under lasts {usable + LEASE_MARGIN_SECONDS:.0f}s and cannot be renewed "
+                f"(at most {max(0.0, usable):.0f}s of it can be used)")
+    job_timeout = delivery.timeout_seconds
+    if job_timeout is not None and 0 < job_timeout < timeout:
+        return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the job's own timeout "
+                f"is {job_timeout:g}s")
+    if not spec.long_running and timeout > lambda_limit - report_margin:
+        return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the executor's Lambda "
+                f"timeout of {lambda_limit:.0f}s less the report margin of {report_margin:g}s leaves "
+                f"{max(0.0, lambda_limit - report_margin):.0f}s")
+    return None

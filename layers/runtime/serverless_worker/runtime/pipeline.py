@@ -22,8 +22,8 @@ from ..outcome import Outcome
 from ..protocols.base import Delivery, Lease, WorkerProtocol
 from ..state.errors import ItemTooLargeError, StaleWriteError
 from . import outcomes
-from .budget import budget_fits, lapsed_at_grant, time_budget
-from .fit import never_fits, report_unfit
+from .budget import budget_fits, lapsed_at_grant, never_fits, time_budget
+from .fit import report_unfit
 from .lease import LeaseKeeper
 from .progress import progress_reporter
 from .settle import Settlement, discard, hand_back, settle

@@ -109,10 +109,6 @@ def _successor(epoch: str) -> str:
     return "handover:" + hashlib.sha256(epoch.encode()).hexdigest()[:32]
 
 
-def _store(services: Services, key: str, epoch: str, outcome: Outcome) -> bool:
-    return store_if_owned(services.store, key, epoch, outcome)
-
-
 def _lease_lost(item: LedgerItem) -> Outcome:
     return outcomes.lease_lost(item.cancel_reason or "lease lost")
 
@@ -136,7 +132,7 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
         if handover:
             # The run already started in an earlier execution: the lease is gone, report nothing.
             services.store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}")
-            _store(services, key, epoch, outcomes.lease_lost(f"renewal refused: {refusal.reason}"))
+            store_if_owned(services.store, key, epoch, outcomes.lease_lost(f"renewal refused: {refusal.reason}"))
             discard(services, key, delivery, f"lease lost at handover: {refusal.reason}")
         else:
             settle_refusal(services, key, delivery, refusal)
@@ -151,7 +147,7 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
             return _done(reason="lease not acquired", epoch=epoch)
     spec = find_handler(services.registry, delivery)
     if isinstance(spec, Outcome):
-        if _store(services, key, epoch, spec):
+        if store_if_owned(services.store, key, epoch, spec):
             settle(services, key, delivery, spec)
         return _done(reason="unknown handler", epoch=epoch)
     bounding = None if handover else lease_bound(spec, lease, services.protocol)
@@ -198,13 +194,13 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         return _slice()
     assert item is not None
     if item.cancel_reason:
-        _store(services, key, epoch, _lease_lost(item))
+        store_if_owned(services.store, key, epoch, _lease_lost(item))
         return _slice()
     if item.handover_requested:
         return _slice(handover=True)
     spec = find_handler(services.registry, item.delivery)
     if isinstance(spec, Outcome):
-        _store(services, key, epoch, spec)
+        store_if_owned(services.store, key, epoch, spec)
         return _slice()
     protocol = services.protocol
     lease = Lease(expires_at=item.delivery.lease_expires_at, renewable=protocol.lease_renewable)
@@ -226,7 +222,7 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         if outcome.kind is OutcomeKind.NOT_STARTED and item.checkpoint is not None:
             # Not the first slice: the job did start, so this is a spent budget, not a hand-back.
             outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="NO_TIME", message=outcome.message)
-        _store(services, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome)
         return _slice()
     try:
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
@@ -235,15 +231,15 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         log.warning("run %s lost the delivery at a slice boundary", epoch)
         return _slice()
     except PayloadTooLargeError as err:
-        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
-                                             message=str(err)[:1024]))
+        store_if_owned(store, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
+                                                  message=str(err)[:1024]))
         return _slice()
     fresh = store.get(key)
     if not _owned(fresh, epoch):
         return _slice()
     assert fresh is not None
     if fresh.cancel_reason:  # refused while the slice was ending: start no further slice
-        _store(services, key, epoch, _lease_lost(fresh))
+        store_if_owned(services.store, key, epoch, _lease_lost(fresh))
         return _slice()
     if cycles >= MAX_RENEW_CYCLES:
         # The history is filling up: stop here and continue in a fresh execution.
@@ -271,7 +267,7 @@ def start_callback(services: Services, event: StartCallbackEvent, context: Lambd
         return {"started": False}
     spec = find_handler(services.registry, item.delivery)
     if isinstance(spec, Outcome):
-        _store(services, key, epoch, spec)
+        store_if_owned(services.store, key, epoch, spec)
         _fail_task(services, token, error="UnknownHandler", cause="see the ledger item")
         return {"started": False}
     budget = callback_budget(remaining_lambda=_remaining(context),
@@ -282,7 +278,7 @@ def start_callback(services: Services, event: StartCallbackEvent, context: Lambd
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                                      message="a callback handler cannot return Continue")
-        _store(services, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome)
         _fail_task(services, token, error="HandlerFailed",
                    cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
     return {"started": True}
@@ -307,7 +303,7 @@ def finish_callback(services: Services, event: FinishCallbackEvent, context: Lam
                 outcome = Outcome(kind=OutcomeKind.FAILURE, error_code=name[:64], message=cause)
         else:
             outcome = Outcome(kind=OutcomeKind.SUCCESS, value=event.get("output"))
-        _store(services, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome)
     return _slice()
 
 
@@ -372,7 +368,7 @@ def report_step(services: Services, event: ReportEvent, context: LambdaContextLi
         return {"reported": False, "handover": False}
     if _owned(item, epoch):
         if item.cancel_reason:  # refused while handing over: the lease is gone
-            if _store(services, key, str(epoch), _lease_lost(item)):
+            if store_if_owned(services.store, key, str(epoch), _lease_lost(item)):
                 discard(services, key, item.delivery, "lease lost while running")
             return {"reported": False, "handover": False}
         if item.handover_requested:
@@ -430,7 +426,7 @@ def give_back(services: Services, event: GiveBackEvent, context: LambdaContextLi
         new_epoch = handback_epoch() if unstarted else f"giveback:{uuid.uuid4()}"
         if store.take_over(key, old_epoch=item.epoch, new_epoch=new_epoch, deadline=now + 60):
             if item.cancel_reason:
-                _store(services, key, new_epoch, _lease_lost(item))
+                store_if_owned(services.store, key, new_epoch, _lease_lost(item))
             elif unstarted:
                 hand_back(services, key, item.delivery, f"failed before the handler started: {name}",
                           epoch=new_epoch)
@@ -438,7 +434,7 @@ def give_back(services: Services, event: GiveBackEvent, context: LambdaContextLi
             else:
                 failure = Outcome(kind=OutcomeKind.FAILURE, error_code="STATE_MACHINE_ERROR",
                                   message=f"the execution failed: {name}")
-                _store(services, key, new_epoch, failure)
+                store_if_owned(services.store, key, new_epoch, failure)
     item = store.get(key)
     if item is not None and item.status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
         settlement = settle(services, key, item.delivery, item.outcome)
@@ -464,7 +460,7 @@ def continue_as_new(services: Services, event: ContinueAsNewEvent, context: Lamb
                 services.call(lambda p: p.renew(item.delivery))
             except LeaseRefusedError as refusal:
                 lost = outcomes.lease_lost(f"renewal refused: {refusal.reason}")
-                if _store(services, key, epoch, lost):
+                if store_if_owned(services.store, key, epoch, lost):
                     discard(services, key, item.delivery, "lease lost while running")
                 return {"handed_over": False}
             except ProtocolError as err:  # the next execution's acquire renews again
