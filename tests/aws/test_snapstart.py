@@ -73,7 +73,7 @@ def test_nothing_per_environment_survives_the_restore_hook(worker_env: Any, reco
     # the cached runtime, its session token and owner id are gone: the next invocation builds anew
     renewed = env.stack.services()
     assert renewed is not services
-    assert renewed._protocol is None and renewed._keeper is None and renewed._credential is None
+    assert renewed.client._protocol is None and renewed.client._keeper is None and renewed.client._credential is None
     assert renewed.keeper._owner != old_owner
     assert renewed.keeper.session is None
 
@@ -113,7 +113,7 @@ def test_a_snapshot_init_primes_without_a_call_and_registers_the_hook(worker_env
     assert "serverless_worker.protocols.pipelogiq" in sys.modules
     assert services.store._client.built, "the snapshot holds the DynamoDB client's service model"
     # nothing reached the job server or read the API key: no connection, no secret in the snapshot
-    assert services._protocol is None and services._credential is None
+    assert services.client._protocol is None and services.client._credential is None
     assert env.admin.stats()["calls"] == calls_before
 
 

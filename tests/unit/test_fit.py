@@ -13,7 +13,7 @@ from serverless_worker.local.summary import RunSummary
 from serverless_worker.local.worker import EXIT_INCOMPLETE, LocalRunner
 from serverless_worker.model import Delivery, Lease
 from serverless_worker.registry import HandlerMode, HandlerSpec
-from serverless_worker.runtime.fit import never_fits
+from serverless_worker.runtime.budget import never_fits
 
 NOW = 1_000_000.0
 

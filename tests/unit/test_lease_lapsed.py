@@ -1,4 +1,4 @@
-"""A lease granted already over gives no time to run: ``lease.lapsed_at_grant`` says so,
+"""A lease granted already over gives no time to run: ``budget.lapsed_at_grant`` says so,
 and only then (the executor settles such a delivery as a lost lease, never runs it)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serverless_worker.model import Lease
-from serverless_worker.runtime.lease import MIN_RUN_SECONDS, lapsed_at_grant
+from serverless_worker.runtime.budget import MIN_RUN_SECONDS, lapsed_at_grant
 
 NOW = 1_000_000.0
 

@@ -1,5 +1,5 @@
-"""The time budget as a table: how long a handler may run (``runtime/lease.time_budget``),
-whether the executor starts it at all (``runtime/executor.budget_fits``) and the cap the
+"""The time budget as a table: how long a handler may run (``runtime/budget.time_budget``),
+whether the executor starts it at all (``runtime/budget.budget_fits``) and the cap the
 handler runner applies (``handler_runner.handler_budget``). Pure functions, no clock."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import pytest
 from serverless_worker.handler_runner import handler_budget
 from serverless_worker.model import Lease
 from serverless_worker.registry import HandlerSpec
-from serverless_worker.runtime.executor import budget_fits
-from serverless_worker.runtime.lease import time_budget
+from serverless_worker.runtime.budget import budget_fits, time_budget
 
 NOW = 1_000_000.0
 

@@ -17,6 +17,7 @@ __all__ = [
     "BadRequestError",
     "BusinessError",
     "ConfigurationError",
+    "DispatchError",
     "ForbiddenError",
     "InvalidApiKeyError",
     "JobCancelledError",
@@ -33,6 +34,7 @@ __all__ = [
     "ServerlessWorkerError",
     "SessionExpiredError",
     "SessionRecoveryPausedError",
+    "SessionUnavailableError",
     "UnknownHandlerError",
     "UnsupportedServerError",
 ]
@@ -101,6 +103,10 @@ class SessionRecoveryPausedError(SessionExpiredError):
     due yet: re-bootstrapping at once would only be rejected again (a refusal loop)."""
 
 
+class SessionUnavailableError(ServerlessWorkerError):
+    """No usable worker session could be obtained (the lock holder never produced one)."""
+
+
 class ForbiddenError(ProtocolError):
     """403: the credential is valid but not for this queue or application."""
 
@@ -162,6 +168,12 @@ class ResultNotAcceptedError(ProtocolError):
 
 class ProtocolViolationError(ProtocolError):
     """The server answered with a status or body the protocol documents do not allow."""
+
+
+class DispatchError(ServerlessWorkerError):
+    """Starting an executor or an execution failed (throttled, missing permission, ...).
+
+    The state machine's Retry blocks name it (``worker.asl.json``): keep the name."""
 
 
 class BusinessError(ServerlessWorkerError):

@@ -12,16 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import awsclients
 from ..awsclients import LambdaClient, StepFunctionsClient
-from ..errors import ServerlessWorkerError
+from ..errors import DispatchError
 
 if TYPE_CHECKING:
     import botocore.exceptions
 
 __all__ = ["DispatchError", "Dispatcher", "AwsDispatcher", "executor_event", "execution_input"]
-
-
-class DispatchError(ServerlessWorkerError):
-    """Starting an executor or an execution failed (throttled, missing permission, ...)."""
 
 
 def executor_event(ledger_key: str) -> dict[str, Any]:

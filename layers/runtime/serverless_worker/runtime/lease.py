@@ -1,4 +1,4 @@
-"""Keeping an execution lease alive while a handler runs, and sizing the time budget.
+"""Keeping an execution lease alive while a handler runs (its time budget: ``runtime/budget.py``).
 
 Renewal happens in a background thread at about half the lease's remaining time. The
 thread starts only when the first renewal is due (an alarm, ``runtime/alarms.py``), so
@@ -20,46 +20,9 @@ from ..model import Delivery, Lease
 from .alarms import Alarms, alarms
 from .services import Services
 
-__all__ = ["MIN_RUN_SECONDS", "LeaseKeeper", "lapsed_at_grant", "time_budget"]
+__all__ = ["LeaseKeeper"]
 
 log = logging.getLogger("serverless_worker.lease")
-
-
-# The least time a handler run may start with (``executor.budget_fits``), and so the least
-# a lease just granted must have left for a run to start under it.
-MIN_RUN_SECONDS = 1.0
-
-
-def lapsed_at_grant(lease: Lease, now: float, minimum: float = MIN_RUN_SECONDS) -> str | None:
-    """Why a lease just granted must not be run under, or ``None``.
-
-    A lease whose expiry is already past (or too near for any run) when it is granted (a
-    server whose clock is behind ours, or one that answers so) gives no time to run: past
-    its expiry the server may hand the job to another worker, and a renewal cannot revive
-    what has lapsed. The delivery is then settled as a lost lease (docs/protocols.md):
-    never run, left to the server's recovery (Pipelogiq) or to lapse (the claim queue)."""
-    if lease.expires_at is None:
-        return None
-    left = lease.expires_at - now
-    if left >= minimum:
-        return None
-    if left <= 0:
-        return f"lease granted already expired ({-left:.1f}s ago)"
-    return f"lease granted with {left:.1f}s left, under the {minimum:g}s a run needs"
-
-
-def time_budget(*, remaining_lambda: float, report_margin: float, handler_timeout: float | None,
-                job_timeout: float | None, lease: Lease | None, now: float,
-                lease_margin: float = 2.0) -> float:
-    """Seconds the handler may run: the tightest of Lambda time (less room to store and
-    report), the handler's and the job's own timeouts, and a lease that cannot be renewed."""
-    budget = remaining_lambda - report_margin
-    for limit in (handler_timeout, job_timeout):
-        if limit is not None and limit > 0:
-            budget = min(budget, limit)
-    if lease is not None and not lease.renewable and lease.expires_at is not None:
-        budget = min(budget, lease.expires_at - now - lease_margin)
-    return max(0.0, budget)
 
 
 class LeaseKeeper:

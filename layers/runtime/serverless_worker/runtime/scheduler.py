@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import (
     BadRequestError,
     ConfigurationError,
+    DispatchError,
     ForbiddenError,
     InvalidApiKeyError,
     NotFoundError,
@@ -31,18 +32,17 @@ from ..errors import (
     ProtocolViolationError,
     RateLimitedError,
     ServerUnavailableError,
+    SessionUnavailableError,
     UnknownHandlerError,
 )
 from ..model import Delivery
 from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
 from ..state.errors import UnrecordableDeliveryError
 from .context import LambdaContextLike
-from .dispatch import DispatchError
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
 from .reaper import reap
 from .services import Services
-from .session import SessionUnavailableError
 from .settle import hand_back, handback_epoch
 
 __all__ = ["TickReport", "Scheduler"]

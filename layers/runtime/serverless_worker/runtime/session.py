@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import ServerlessWorkerError, SessionRecoveryPausedError
+from ..errors import SessionRecoveryPausedError, SessionUnavailableError
 from ..model import SessionState
 from ..protocols.base import WorkerIdentity, WorkerProtocol
 from .polling import backoff_step, upper_half
@@ -45,10 +45,6 @@ log = logging.getLogger("serverless_worker.session")
 RECOVERY_QUICK_SECONDS = 60.0
 RECOVERY_FIRST_SECONDS = 1.0
 RECOVERY_MAX_SECONDS = 30.0
-
-
-class SessionUnavailableError(ServerlessWorkerError):
-    """No usable worker session could be obtained (the lock holder never produced one)."""
 
 
 class SessionKeeper:

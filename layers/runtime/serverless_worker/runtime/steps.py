@@ -32,27 +32,41 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
-from ..errors import (
-    LeaseRefusedError,
-    PayloadTooLargeError,
-    ProtocolError,
-    ServerlessWorkerError,
-    UnknownHandlerError,
-)
+from ..errors import DispatchError, LeaseRefusedError, PayloadTooLargeError, ProtocolError, ServerlessWorkerError
 from ..model import Lease, LedgerStatus, Outcome, OutcomeKind
 from ..state.errors import StaleWriteError, StateStoreError
 from ..state.items import LedgerItem
+from . import outcomes
+from .budget import callback_budget, lapsed_at_grant, lease_room, time_budget
 from .context import LambdaContextLike
-from .dispatch import DispatchError
-from .executor import settle_lapsed, settle_refusal
-from .lease import lapsed_at_grant, time_budget
+from .pipeline import claim, find_handler, lease_bound, settle_lapsed, settle_refusal, store_if_owned, take_lease
 from .progress import progress_reporter
 from .retry_owners import CLIENT_RETRIED_NAMES
 from .services import Services
 from .settle import acknowledge, count_settled, discard, hand_back, handback_epoch, report, settle
+from .step_events import (
+    AckEvent,
+    AckResult,
+    AcquireDone,
+    AcquireEvent,
+    AcquireRun,
+    CallbackStarted,
+    ContinueAsNewEvent,
+    FinishCallbackEvent,
+    GiveBackEvent,
+    GiveBackResult,
+    HandoverResult,
+    RenewEvent,
+    RenewResult,
+    ReportEvent,
+    ReportResult,
+    RunSliceEvent,
+    SliceResult,
+    StartCallbackEvent,
+)
 
 __all__ = ["MAX_RENEW_CYCLES", "STEPS", "run_step"]
 
@@ -65,15 +79,14 @@ log = logging.getLogger("serverless_worker.steps")
 # cycles). A callback cannot hand over (its task token belongs to the execution), so its
 # timeout is capped at this many renew intervals.
 MAX_RENEW_CYCLES = 1500
-LEASE_MARGIN_SECONDS = 2.0  # a slice under a non-renewable lease stops this long before it lapses
 _TIMEOUT_ERRORS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
 
 
-def _done(**extra: Any) -> dict[str, Any]:
-    return {"action": "done", **extra}
+def _done(*, reason: str, epoch: str) -> AcquireDone:
+    return {"action": "done", "reason": reason, "epoch": epoch}
 
 
-def _slice(more: bool = False, *, handover: bool = False, delay: int = 0) -> dict[str, Any]:
+def _slice(more: bool = False, *, handover: bool = False, delay: int = 0) -> SliceResult:
     """run_slice's answer; every key is always present (the ASL's Choice states read them)."""
     return {"continue": more, "handover": handover, "delay_seconds": delay}
 
@@ -96,28 +109,12 @@ def _successor(epoch: str) -> str:
     return "handover:" + hashlib.sha256(epoch.encode()).hexdigest()[:32]
 
 
-def _store(services: Services, key: str, epoch: str, outcome: Outcome) -> bool:
-    """Store the outcome; ``False`` when this run no longer owns the item (nothing to do then)."""
-    try:
-        services.store.store_outcome(key, epoch, outcome)
-    except StaleWriteError:
-        log.warning("run %s lost the delivery before storing its outcome", epoch)
-        return False
-    except PayloadTooLargeError as err:
-        log.error("outcome too large to store; storing a failure instead: %s", err)
-        fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE",
-                           message=f"delivery {key}: {err}"[:1024])
-        services.store.store_outcome(key, epoch, fallback)
-    return True
-
-
 def _lease_lost(item: LedgerItem) -> Outcome:
-    return Outcome(kind=OutcomeKind.LEASE_LOST, error_code="LEASE_LOST",
-                   message=item.cancel_reason or "lease lost")
+    return outcomes.lease_lost(item.cancel_reason or "lease lost")
 
 
 # -- acquire -------------------------------------------------------------------------------------
-def acquire(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike) -> AcquireRun | AcquireDone:
     """Claim the ledger item for this execution, take (or, after a handover, refresh) the
     lease, and say how to run: slices or a callback, and how often to renew."""
     key = event["ledger_key"]
@@ -125,18 +122,17 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
     epoch = handover or event["execution_id"]
     settings = services.settings
     now = services.clock()
-    item = services.store.start_run(key, epoch=epoch, deadline=now + _grace(services))
+    item = claim(services.store, key, epoch=epoch, deadline=now + _grace(services))
     if item is None:
         return _done(reason="not owned", epoch=epoch)
     delivery = item.delivery
     try:
-        lease = _take_lease(services, item, handover=bool(handover))
+        lease = take_lease(services, delivery, handover=bool(handover), retried=item.runs > 1)
     except LeaseRefusedError as refusal:
         if handover:
             # The run already started in an earlier execution: the lease is gone, report nothing.
             services.store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}")
-            _store(services, key, epoch, Outcome(kind=OutcomeKind.LEASE_LOST, error_code="LEASE_LOST",
-                                                 message=f"renewal refused: {refusal.reason}"))
+            store_if_owned(services.store, key, epoch, outcomes.lease_lost(f"renewal refused: {refusal.reason}"))
             discard(services, key, delivery, f"lease lost at handover: {refusal.reason}")
         else:
             settle_refusal(services, key, delivery, refusal)
@@ -149,15 +145,13 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
             # Unknown whether we hold the lease; the handler has not started: handing back is safe.
             hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
             return _done(reason="lease not acquired", epoch=epoch)
-    try:
-        spec = services.registry.get(delivery.handler)
-    except UnknownHandlerError as err:
-        outcome = Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER", message=str(err))
-        if _store(services, key, epoch, outcome):
-            settle(services, key, delivery, outcome)
+    spec = find_handler(services.registry, delivery)
+    if isinstance(spec, Outcome):
+        if store_if_owned(services.store, key, epoch, spec):
+            settle(services, key, delivery, spec)
         return _done(reason="unknown handler", epoch=epoch)
-    lapsed = None if handover or (spec.run_past_lease and services.protocol.late_results) \
-        else lapsed_at_grant(lease, services.clock())
+    bounding = None if handover else lease_bound(spec, lease, services.protocol)
+    lapsed = lapsed_at_grant(bounding, services.clock()) if bounding is not None else None
     if lapsed is not None:
         settle_lapsed(services, key, delivery, lapsed)
         return _done(reason="lease lapsed", epoch=epoch)
@@ -167,9 +161,10 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
     renew_every = max(1, int(renew_seconds))  # a Wait takes whole seconds
     # The task waits at most the handler's timeout, and no longer than the history allows.
     timeout = min(int(spec.timeout or 86400), MAX_RENEW_CYCLES * renew_every)
-    if spec.callback and lease.expires_at is not None and not lease.renewable:
+    room = lease_room(lease, now)
+    if spec.callback and room is not None:
         # Nor past a lease that cannot be renewed: after it the item may run elsewhere.
-        timeout = min(timeout, int(lease.expires_at - now - LEASE_MARGIN_SECONDS))
+        timeout = min(timeout, int(room))
         if timeout < 2:
             hand_back(services, key, delivery, "too little lease left to wait for a callback", epoch=epoch)
             return _done(reason="no time", epoch=epoch)
@@ -186,23 +181,8 @@ def acquire(services: Services, event: dict[str, Any], context: LambdaContextLik
     }
 
 
-def _take_lease(services: Services, item: LedgerItem, *, handover: bool) -> Lease:
-    """Acquire the lease; a continued execution refreshes the one its predecessor holds, and a
-    retried acquire step (the item was already claimed by this epoch) reconciles first:
-    acquire is not reentrant, so acquiring again would refuse our own lease."""
-    delivery = item.delivery
-    protocol = services.protocol
-    if protocol.lease_renewable and (handover or item.runs > 1):
-        try:
-            return services.call(lambda p: p.renew(delivery))
-        except LeaseRefusedError as refusal:
-            if handover or refusal.reason != "lease_not_acquired":
-                raise
-    return services.call(lambda p: p.acquire(delivery))
-
-
 # -- the run branch --------------------------------------------------------------------------------
-def run_slice(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLike) -> SliceResult:
     """Run the handler once (one slice) from the stored checkpoint; store a continuation's
     checkpoint or the final outcome. Decides the handover at a slice boundary."""
     from ..handler_runner import run_handler
@@ -214,15 +194,13 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
         return _slice()
     assert item is not None
     if item.cancel_reason:
-        _store(services, key, epoch, _lease_lost(item))
+        store_if_owned(services.store, key, epoch, _lease_lost(item))
         return _slice()
     if item.handover_requested:
         return _slice(handover=True)
-    try:
-        spec = services.registry.get(item.delivery.handler)
-    except UnknownHandlerError as err:
-        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER",
-                                             message=str(err)))
+    spec = find_handler(services.registry, item.delivery)
+    if isinstance(spec, Outcome):
+        store_if_owned(services.store, key, epoch, spec)
         return _slice()
     protocol = services.protocol
     lease = Lease(expires_at=item.delivery.lease_expires_at, renewable=protocol.lease_renewable)
@@ -230,8 +208,7 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
     # someone else's, so the handler stops first (a timeout: no result, the lease lapses).
     settings = services.settings
     budget = time_budget(remaining_lambda=_remaining(context), report_margin=settings.report_margin_seconds,
-                         handler_timeout=None, job_timeout=None, lease=lease, now=services.clock(),
-                         lease_margin=LEASE_MARGIN_SECONDS)
+                         handler_timeout=None, job_timeout=None, lease=lease, now=services.clock())
     cancel = threading.Event()
     watcher = _CancelWatcher(services, key, epoch, cancel, every=float(settings.lease_renew_seconds) / 2)
     try:
@@ -241,12 +218,11 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
     finally:
         watcher.stop()
     if result.continuation is None:
-        outcome = result.outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="NO_OUTCOME",
-                                            message="handler produced no outcome")
+        outcome = result.outcome or outcomes.no_outcome()
         if outcome.kind is OutcomeKind.NOT_STARTED and item.checkpoint is not None:
             # Not the first slice: the job did start, so this is a spent budget, not a hand-back.
             outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="NO_TIME", message=outcome.message)
-        _store(services, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome)
         return _slice()
     try:
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
@@ -255,15 +231,15 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
         log.warning("run %s lost the delivery at a slice boundary", epoch)
         return _slice()
     except PayloadTooLargeError as err:
-        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
-                                             message=str(err)[:1024]))
+        store_if_owned(store, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
+                                                  message=str(err)[:1024]))
         return _slice()
     fresh = store.get(key)
     if not _owned(fresh, epoch):
         return _slice()
     assert fresh is not None
     if fresh.cancel_reason:  # refused while the slice was ending: start no further slice
-        _store(services, key, epoch, _lease_lost(fresh))
+        store_if_owned(services.store, key, epoch, _lease_lost(fresh))
         return _slice()
     if cycles >= MAX_RENEW_CYCLES:
         # The history is filling up: stop here and continue in a fresh execution.
@@ -273,7 +249,7 @@ def run_slice(services: Services, event: dict[str, Any], context: LambdaContextL
     return _slice(True, delay=math.ceil(result.continuation.delay_seconds))
 
 
-def start_callback(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def start_callback(services: Services, event: StartCallbackEvent, context: LambdaContextLike) -> CallbackStarted:
     """Run the handler with the task token; it starts external work that will later call
     SendTaskSuccess/Failure. A handler that fails to start the work fails the task now."""
     from ..handler_runner import run_handler
@@ -289,27 +265,26 @@ def start_callback(services: Services, event: dict[str, Any], context: LambdaCon
     except StaleWriteError:
         _fail_task(services, token, error="NotOwner", cause="the run no longer owns the delivery")
         return {"started": False}
-    try:
-        spec = services.registry.get(item.delivery.handler)
-    except UnknownHandlerError as err:
-        _store(services, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="UNKNOWN_HANDLER",
-                                             message=str(err)))
+    spec = find_handler(services.registry, item.delivery)
+    if isinstance(spec, Outcome):
+        store_if_owned(services.store, key, epoch, spec)
         _fail_task(services, token, error="UnknownHandler", cause="see the ledger item")
         return {"started": False}
-    budget = max(1.0, _remaining(context) - services.settings.report_margin_seconds)
+    budget = callback_budget(remaining_lambda=_remaining(context),
+                             report_margin=services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
                          progress=progress_reporter(services, item.delivery, on_terminal=None))
     outcome = result.outcome
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                                      message="a callback handler cannot return Continue")
-        _store(services, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome)
         _fail_task(services, token, error="HandlerFailed",
                    cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
     return {"started": True}
 
 
-def finish_callback(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def finish_callback(services: Services, event: FinishCallbackEvent, context: LambdaContextLike) -> SliceResult:
     """Turn the callback's output (or its failure, or the task's timeout) into the stored outcome."""
     key, epoch = event["ledger_key"], event["epoch"]
     item = services.store.get(key)
@@ -328,12 +303,12 @@ def finish_callback(services: Services, event: dict[str, Any], context: LambdaCo
                 outcome = Outcome(kind=OutcomeKind.FAILURE, error_code=name[:64], message=cause)
         else:
             outcome = Outcome(kind=OutcomeKind.SUCCESS, value=event.get("output"))
-        _store(services, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome)
     return _slice()
 
 
 # -- the renew loop ---------------------------------------------------------------------------------
-def renew(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def renew(services: Services, event: RenewEvent, context: LambdaContextLike) -> RenewResult:
     """One renew cycle: extend the lease, heartbeat a waiting callback, push the deadline.
     ``finished`` once the run no longer needs it (outcome stored, cancelled, handing over)."""
     key, epoch = event["ledger_key"], event["epoch"]
@@ -359,7 +334,7 @@ def renew(services: Services, event: dict[str, Any], context: LambdaContextLike)
 
 
 def _renewal_refused(services: Services, item: LedgerItem, epoch: str,
-                     refusal: LeaseRefusedError) -> dict[str, Any]:
+                     refusal: LeaseRefusedError) -> RenewResult:
     from .metrics import metrics
 
     key, delivery = item.key, item.delivery
@@ -384,7 +359,7 @@ def _renewal_refused(services: Services, item: LedgerItem, epoch: str,
 
 
 # -- after the run ----------------------------------------------------------------------------------
-def report_step(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def report_step(services: Services, event: ReportEvent, context: LambdaContextLike) -> ReportResult:
     """Report the stored outcome (hand back or discard where the outcome says so), or say
     that the run stopped at a slice boundary to continue in a fresh execution."""
     key, epoch = event["ledger_key"], event.get("epoch")
@@ -393,7 +368,7 @@ def report_step(services: Services, event: dict[str, Any], context: LambdaContex
         return {"reported": False, "handover": False}
     if _owned(item, epoch):
         if item.cancel_reason:  # refused while handing over: the lease is gone
-            if _store(services, key, str(epoch), _lease_lost(item)):
+            if store_if_owned(services.store, key, str(epoch), _lease_lost(item)):
                 discard(services, key, item.delivery, "lease lost while running")
             return {"reported": False, "handover": False}
         if item.handover_requested:
@@ -410,7 +385,7 @@ def report_step(services: Services, event: dict[str, Any], context: LambdaContex
     return {"reported": False, "status": str(status), "handover": False}
 
 
-def ack_step(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def ack_step(services: Services, event: AckEvent, context: LambdaContextLike) -> AckResult:
     key = event["ledger_key"]
     item = services.store.get(key)
     if item is not None and item.status is LedgerStatus.REPORTED:
@@ -420,7 +395,7 @@ def ack_step(services: Services, event: dict[str, Any], context: LambdaContextLi
     return {"acknowledged": False}
 
 
-def give_back(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def give_back(services: Services, event: GiveBackEvent, context: LambdaContextLike) -> GiveBackResult:
     """The execution failed somewhere: give the job a definite outcome anyway.
 
     Unstarted (recorded, or claimed but failed in the acquire step of a first execution):
@@ -442,9 +417,9 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
         # sends it again at the noted time, not this step now (docs/retries.md).
         return {"action": "deferred", "status": str(item.status)}
     if item.status in (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED):
-        claim = handback_epoch()
-        if store.start_run(key, epoch=claim, deadline=now + 60) is not None:
-            hand_back(services, key, item.delivery, f"state machine failed: {name}", epoch=claim)
+        handback = handback_epoch()
+        if claim(store, key, epoch=handback, deadline=now + 60) is not None:
+            hand_back(services, key, item.delivery, f"state machine failed: {name}", epoch=handback)
             return {"action": "handed_back"}
     elif item.status is LedgerStatus.RUNNING and item.epoch is not None:
         # Ours, or our successor's when the handover failed before its execution started.
@@ -455,7 +430,7 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
         new_epoch = handback_epoch() if unstarted else f"giveback:{uuid.uuid4()}"
         if store.take_over(key, old_epoch=item.epoch, new_epoch=new_epoch, deadline=now + 60):
             if item.cancel_reason:
-                _store(services, key, new_epoch, _lease_lost(item))
+                store_if_owned(services.store, key, new_epoch, _lease_lost(item))
             elif unstarted:
                 hand_back(services, key, item.delivery, f"failed before the handler started: {name}",
                           epoch=new_epoch)
@@ -463,7 +438,7 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
             else:
                 failure = Outcome(kind=OutcomeKind.FAILURE, error_code="STATE_MACHINE_ERROR",
                                   message=f"the execution failed: {name}")
-                _store(services, key, new_epoch, failure)
+                store_if_owned(services.store, key, new_epoch, failure)
     item = store.get(key)
     if item is not None and item.status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
         settlement = settle(services, key, item.delivery, item.outcome)
@@ -474,7 +449,7 @@ def give_back(services: Services, event: dict[str, Any], context: LambdaContextL
     return {"action": "none", "status": str(item.status) if item else None}
 
 
-def continue_as_new(services: Services, event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+def continue_as_new(services: Services, event: ContinueAsNewEvent, context: LambdaContextLike) -> HandoverResult:
     """Move the run to its successor epoch and start the execution that continues it."""
     key, epoch = event["ledger_key"], event["epoch"]
     successor = _successor(epoch)
@@ -488,9 +463,8 @@ def continue_as_new(services: Services, event: dict[str, Any], context: LambdaCo
             try:
                 services.call(lambda p: p.renew(item.delivery))
             except LeaseRefusedError as refusal:
-                lost = Outcome(kind=OutcomeKind.LEASE_LOST, error_code="LEASE_LOST",
-                               message=f"renewal refused: {refusal.reason}")
-                if _store(services, key, epoch, lost):
+                lost = outcomes.lease_lost(f"renewal refused: {refusal.reason}")
+                if store_if_owned(services.store, key, epoch, lost):
                     discard(services, key, item.delivery, "lease lost while running")
                 return {"handed_over": False}
             except ProtocolError as err:  # the next execution's acquire renews again
@@ -503,7 +477,9 @@ def continue_as_new(services: Services, event: dict[str, Any], context: LambdaCo
     return {"handed_over": True}
 
 
-STEPS: dict[str, Callable[[Services, dict[str, Any], LambdaContextLike], dict[str, Any]]] = {
+# Each step takes its own event type (``runtime/step_events.py``); the ASL picks the step by name.
+Step = Callable[[Services, Any, LambdaContextLike], Mapping[str, Any]]
+STEPS: dict[str, Step] = {
     "acquire": acquire,
     "run_slice": run_slice,
     "renew": renew,
@@ -522,7 +498,7 @@ def run_step(services: Services, event: dict[str, Any], context: LambdaContextLi
     if step not in STEPS:
         raise ServerlessWorkerError(f"unknown step {step!r}; expected one of {sorted(STEPS)}")
     with services.flushing_events():
-        return STEPS[step](services, event, context)
+        return cast(dict[str, Any], STEPS[step](services, event, context))  # a TypedDict is a dict
 
 
 def _fail_task(services: Services, token: str, *, error: str, cause: str) -> None:
