@@ -25,8 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..awsclients import StepFunctionsClient
+from ..errors import DispatchError
 from ..runtime.context import LambdaContextLike, LocalContext
-from ..runtime.dispatch import AwsDispatcher, Dispatcher, DispatchError
+from ..runtime.dispatch import AwsDispatcher, Dispatcher
 from .daemon_pool import DaemonPool
 from .observe import RunObserver
 

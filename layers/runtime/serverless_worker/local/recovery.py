@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..errors import DispatchError
 from ..model import DispatchMode, LedgerStatus
-from ..runtime.dispatch import DispatchError
 from ..runtime.services import Services
 
 __all__ = ["RecoveryReport", "recover"]

@@ -17,7 +17,7 @@ from ..errors import DispatchError
 if TYPE_CHECKING:
     import botocore.exceptions
 
-__all__ = ["DispatchError", "Dispatcher", "AwsDispatcher", "executor_event", "execution_input"]
+__all__ = ["Dispatcher", "AwsDispatcher", "executor_event", "execution_input"]
 
 
 def executor_event(ledger_key: str) -> dict[str, Any]:

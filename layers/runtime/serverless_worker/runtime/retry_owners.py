@@ -16,9 +16,8 @@ layers keep what only they can see: a Lambda invocation that failed, crashed or 
 
 from __future__ import annotations
 
-from ..errors import RateLimitedError, ServerUnavailableError
+from ..errors import DispatchError, RateLimitedError, ServerUnavailableError
 from ..state.errors import StateStoreError
-from .dispatch import DispatchError
 
 __all__ = ["CLIENT_RETRIED", "CLIENT_RETRIED_NAMES", "RETRIED_INSIDE", "RETRIED_INSIDE_NAMES", "SDK_RETRIED"]
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..state.base import StateStore
 
 __all__ = ["RECOVERY_FIRST_SECONDS", "RECOVERY_MAX_SECONDS", "RECOVERY_QUICK_SECONDS", "SessionKeeper",
-           "SessionUnavailableError", "needs_refresh"]
+           "needs_refresh"]
 
 log = logging.getLogger("serverless_worker.session")
 
