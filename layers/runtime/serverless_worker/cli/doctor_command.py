@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigurationError
     from ..local.doctor import SMOKE_HANDLER, Doctor
     from ..local.project import find_project_root
-    from ..protocols._http import RetryPolicy
+    from ..protocols.transport import RetryPolicy
     from ..protocols.base import WorkerProtocol
     from ..protocols.factory import create_client
     from ..settings import Settings

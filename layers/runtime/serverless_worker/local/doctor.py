@@ -46,7 +46,7 @@ from ..errors import (
     UnsupportedServerError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ..protocols._http import display_url
+from ..protocols.transport import display_url
 from ..protocols.base import Delivery, PullRequest, WorkerIdentity, WorkerProtocol
 from ..settings import Settings
 

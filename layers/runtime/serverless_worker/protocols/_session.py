@@ -1,0 +1,236 @@
+"""One HTTP exchange over a ``requests`` session, and what a failed one means.
+
+A session is built once per transport (:func:`new_session`): one ``HTTPAdapter`` whose
+pool holds as many connections as the client runs calls at once, and which never
+retries (``max_retries=0``: urllib3 makes one attempt, so a request whose reused
+connection closed without an answer is not sent again, however the server may have
+acted on it). The environment is not trusted (``trust_env=False``): the proxy and CA
+bundle are the transport's, read once by its own rules, and ``.netrc`` is never read.
+No cookie is kept and no redirect followed.
+
+:func:`exchange` sends one request and reads its answer in chunks as they come,
+decompressed as they come, so that neither a large body nor a small compressed one
+that expands past the limit is held whole, and the whole answer must be complete
+within the read timeout however slowly it trickles.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from http.client import RemoteDisconnected
+from http.cookiejar import DefaultCookiePolicy
+
+import requests
+from requests.adapters import HTTPAdapter
+from requests.cookies import RequestsCookieJar
+from urllib3 import HTTPResponse
+from urllib3.exceptions import (
+    DecodeError,
+    MaxRetryError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+)
+
+from .. import logsafety
+
+__all__ = ["ResponseTooLargeError", "TransportError", "exchange", "new_session", "open_connections"]
+
+_CHUNK = 64 * 1024
+
+
+class TransportError(Exception):
+    """What went wrong below HTTP, in words: only ever the ``__cause__`` of the
+    ``ServerUnavailableError`` the transport raises (so outside the project's error tree,
+    which callers catch), where ``local.first_contact`` reads it.
+
+    ``kind`` is one of ``unresolved``, ``refused``, ``unreachable``, ``connect_timeout``,
+    ``proxy``, ``tls_certificate``, ``tls``, ``read_timeout``, ``body_timeout``,
+    ``dropped`` or ``other``; ``sent`` is whether the request may have reached the server;
+    ``detail`` is the library's message with any credential cut out.
+    """
+
+    def __init__(self, kind: str, words: str, detail: str, *, sent: bool) -> None:
+        super().__init__(f"{words} ({detail})" if detail else words)
+        self.kind = kind
+        self.words = words
+        self.detail = detail
+        self.sent = sent
+
+
+class ResponseTooLargeError(Exception):
+    """The body, decompressed, passed the transport's size limit; the exchange was cut there."""
+
+
+def new_session(*, pool_maxsize: int, proxy: str | None, ca_bundle: str | None, user_agent: str) -> requests.Session:
+    """A session for one base URL: pooled, never retrying, trusting nothing from the environment."""
+    session = requests.Session()
+    session.trust_env = False  # proxies and CA bundle are ours (passed below), .netrc never read
+    session.cookies = RequestsCookieJar(DefaultCookiePolicy(allowed_domains=()))  # keeps none
+    session.max_redirects = 0
+    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(1, pool_maxsize), max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.proxies = {"http": proxy, "https": proxy} if proxy else {}
+    session.verify = ca_bundle or True
+    session.headers = requests.structures.CaseInsensitiveDict(
+        {"User-Agent": user_agent, "Accept": "*/*", "Accept-Encoding": "gzip, deflate"})
+    return session
+
+
+def open_connections(session: requests.Session) -> int:
+    """Idle pooled connections of ``session`` that hold a socket open."""
+    count = 0
+    for adapter in {id(a): a for a in session.adapters.values() if isinstance(a, HTTPAdapter)}.values():
+        managers = [adapter.poolmanager, *adapter.proxy_manager.values()]
+        for manager in managers:
+            if manager is None:
+                continue
+            for key in list(manager.pools.keys()):
+                pool = manager.pools.get(key)
+                idle = list(getattr(getattr(pool, "pool", None), "queue", ()) or ())
+                count += sum(1 for conn in idle if conn is not None and getattr(conn, "sock", None) is not None)
+    return count
+
+
+def exchange(session: requests.Session, method: str, url: str, headers: Mapping[str, str], body: bytes | None, *,
+             connect_timeout: float, read_timeout: float, limit: int) -> tuple[int, Mapping[str, str], bytes]:
+    """One request: ``(status, headers, body)``, or :class:`TransportError` /
+    :class:`ResponseTooLargeError`.
+
+    ``url`` is sent as given: it is set on the prepared request after preparing, so
+    that neither ``requests`` nor urllib3 turns an encoded ``%2E%2E`` back into a dot
+    segment that would then be collapsed (``_paths.py``). The answer must be complete
+    within ``read_timeout`` of the request going out (a server trickling a byte at a
+    time cannot hold the call for ever); the connect timeout comes before that.
+    """
+    prepared = requests.PreparedRequest()
+    prepared.prepare_method(method)
+    prepared.url = url  # as given: not re-quoted, no dot segment collapsed
+    prepared.prepare_headers({**session.headers, **headers})
+    prepared.prepare_body(body or None, None)  # Content-Length (0 for a POST without a body)
+    started = time.monotonic()
+    try:
+        response = session.send(prepared, stream=True, timeout=(connect_timeout, read_timeout),
+                                allow_redirects=False)
+    except requests.RequestException as err:
+        raise failure(err) from None
+    raw = response.raw
+    try:
+        content = _read(raw, started + read_timeout, limit, read_timeout)
+    except BaseException:
+        raw.close()  # cut off: the connection is not reused
+        raise
+    raw.release_conn()
+    return response.status_code, raw.headers, content
+
+
+def _read(raw: HTTPResponse, deadline: float, limit: int, read_timeout: float) -> bytes:
+    """The body, decoded, read one socket read at a time until complete, past ``limit``
+    (:class:`ResponseTooLargeError`) or past ``deadline`` (``body_timeout``)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            sock = getattr(raw.connection, "sock", None)
+            if sock is not None:  # each wait ends by the deadline, not a fresh read timeout later
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = raw.read1(_CHUNK, decode_content=True)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise ResponseTooLargeError
+            chunks.append(chunk)
+            if time.monotonic() > deadline and not _done(raw):
+                raise _late(read_timeout)
+    except ReadTimeoutError:
+        raise _late(read_timeout) from None
+    except DecodeError as err:
+        raise TransportError("other", "the answer's content encoding does not decode", _detail(err),
+                             sent=True) from None
+    except (ProtocolError, OSError) as err:
+        raise TransportError("dropped", "response truncated", _detail(err), sent=True) from None
+
+
+def _done(raw: HTTPResponse) -> bool:
+    """Whether the whole body has been received (what is left is in our buffers)."""
+    fp = raw._fp
+    return fp is None or bool(fp.isclosed())
+
+
+def _late(read_timeout: float) -> TransportError:
+    return TransportError("body_timeout", f"response body not complete within the read timeout of {read_timeout:g} s",
+                          "", sent=True)
+
+
+def failure(err: requests.RequestException) -> TransportError:
+    """``err`` as a :class:`TransportError`: what happened, and whether the request may
+    have reached the server. Only the innermost reason's words are kept (redacted): the
+    library's own message names the whole URL, query included."""
+    reason = _reason(err)
+    detail = _detail(reason)
+    if isinstance(err, requests.exceptions.ProxyError):
+        return TransportError("proxy", "could not reach the proxy", detail, sent=False)
+    if isinstance(err, requests.exceptions.ConnectTimeout):
+        return TransportError("connect_timeout", "could not connect in time", detail, sent=False)
+    if isinstance(err, requests.exceptions.SSLError):
+        if _caused_by(reason, ssl.SSLCertVerificationError):
+            return TransportError("tls_certificate", "TLS certificate refused", detail, sent=False)
+        return TransportError("tls", "TLS handshake failed", detail, sent=False)
+    if isinstance(err, requests.exceptions.ReadTimeout):
+        return TransportError("read_timeout", "no answer within the read timeout", detail, sent=True)
+    if isinstance(reason, NameResolutionError):
+        return TransportError("unresolved", "the host name does not resolve", detail, sent=False)
+    if isinstance(reason, NewConnectionError):
+        code = _errno(reason)
+        if code == errno.ECONNREFUSED:
+            return TransportError("refused", "connection refused", detail, sent=False)
+        if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return TransportError("unreachable", "no route to the host", detail, sent=False)
+        return TransportError("refused", "could not connect", detail, sent=False)
+    if _caused_by(reason, RemoteDisconnected):
+        return TransportError("dropped", "the server closed the connection without answering", detail, sent=True)
+    if _caused_by(reason, ConnectionResetError):
+        return TransportError("dropped", "the connection was reset", detail, sent=True)
+    if _caused_by(reason, BrokenPipeError):
+        return TransportError("dropped", "sending failed", detail, sent=True)
+    if isinstance(reason, ProtocolError | socket.timeout):
+        return TransportError("dropped", "the connection closed without an answer", detail, sent=True)
+    return TransportError("other", f"transport failure ({type(reason).__name__})", detail, sent=True)
+
+
+def _reason(err: BaseException) -> BaseException:
+    """The underlying cause of a ``requests`` error: a ``MaxRetryError``'s reason, or the
+    urllib3 / socket error it wraps."""
+    inner = err.args[0] if err.args and isinstance(err.args[0], BaseException) else err
+    if isinstance(inner, MaxRetryError) and inner.reason is not None:
+        return inner.reason
+    return inner
+
+
+def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, kind) or any(isinstance(arg, kind) for arg in getattr(err, "args", ())):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def _errno(err: BaseException | None) -> int | None:
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno:
+            return err.errno
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+def _detail(err: BaseException) -> str:
+    return logsafety.redact(str(err))
