@@ -175,6 +175,9 @@ def failure(err: requests.RequestException) -> TransportError:
     library's own message names the whole URL, query included."""
     reason = _reason(err)
     detail = _detail(reason)
+    if isinstance(err, requests.exceptions.InvalidSchema) and "SOCKS" in str(err):
+        return TransportError("proxy", "a SOCKS proxy needs PySocks, which is not installed: use an http(s):// "
+                              "proxy or NO_PROXY", "", sent=False)
     if isinstance(err, requests.exceptions.ProxyError):
         return TransportError("proxy", "could not reach the proxy", detail, sent=False)
     if isinstance(err, requests.exceptions.ConnectTimeout):
