@@ -46,8 +46,8 @@ from ..errors import (
     UnsupportedServerError,
 )
 from ..outcome import Outcome, OutcomeKind
-from ..protocols.transport import display_url
 from ..protocols.base import Delivery, PullRequest, WorkerIdentity, WorkerProtocol
+from ..protocols.transport import display_url
 from ..settings import Settings
 
 __all__ = ["Check", "Doctor", "SMOKE_HANDLER"]

@@ -39,8 +39,8 @@ from ..errors import (
 )
 from ..loopback import is_loopback_url
 from ..waits import parse_retry_after, pause, time_left, waits_abandoned
-from ._session import ResponseTooLargeError, TransportError, exchange, new_session, open_connections
 from ._proxy import checked_proxy
+from ._session import ResponseTooLargeError, TransportError, exchange, new_session, open_connections
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
            "header_credential", "header_safe", "open_connections", "TransportError"]

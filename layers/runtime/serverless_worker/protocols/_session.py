@@ -11,23 +11,31 @@ No cookie is kept and no redirect followed.
 :func:`exchange` sends one request and reads its answer in chunks as they come,
 decompressed as they come, so that neither a large body nor a small compressed one
 that expands past the limit is held whole, and the whole answer must be complete
-within the read timeout however slowly it trickles.
+within the read timeout however slowly it trickles. ``http.client`` reads the status line
+and headers with a timeout per socket read only, so a server trickling its headers a byte
+at a time could hold a call for ever: :class:`_Watchdog` shuts a connection whose headers
+are not in by the read timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Mapping
 from http.client import RemoteDisconnected
 from http.cookiejar import DefaultCookiePolicy
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
 from requests.cookies import RequestsCookieJar
-from urllib3 import HTTPResponse
+from urllib3 import HTTPConnectionPool, HTTPResponse, HTTPSConnectionPool
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (
     DecodeError,
     MaxRetryError,
@@ -67,13 +75,114 @@ class ResponseTooLargeError(Exception):
     """The body, decompressed, passed the transport's size limit; the exchange was cut there."""
 
 
+class _Watchdog:
+    """Shuts the socket of a connection whose answer's headers are not in by their
+    deadline, so that the thread reading them stops; the thread is then told so
+    (:meth:`fired`) and reports a read timeout. One thread per process, asleep while no
+    call waits for headers; a call costs it a dictionary entry under a lock."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[HTTPConnection, tuple[float, int]] = {}
+        self._fired: set[int] = set()
+        self._next = float("inf")
+        self._pid = 0  # the process whose thread runs (a forked child starts its own)
+
+    def watch(self, conn: HTTPConnection, seconds: float) -> None:
+        due = time.monotonic() + seconds
+        with self._cond:
+            self._due[conn] = (due, threading.get_ident())
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="http-header-deadline", daemon=True).start()
+            if due < self._next:
+                self._next = due
+                self._cond.notify()
+
+    def unwatch(self, conn: HTTPConnection) -> None:
+        with self._cond:
+            self._due.pop(conn, None)
+
+    def fired(self) -> bool:
+        """Whether this thread's last call was cut by the watchdog (and forget it)."""
+        ident = threading.get_ident()
+        with self._cond:
+            if ident in self._fired:
+                self._fired.discard(ident)
+                return True
+        return False
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for conn, (due, ident) in list(self._due.items()):
+                    if due <= now:
+                        del self._due[conn]
+                        self._fired.add(ident)
+                        if conn.sock is not None:
+                            with contextlib.suppress(OSError):
+                                conn.sock.shutdown(socket.SHUT_RDWR)
+                self._next = min((due for due, _ in self._due.values()), default=float("inf"))
+                self._cond.wait(None if self._next == float("inf") else max(self._next - now, 0.01))
+
+
+_WATCHDOG = _Watchdog()
+
+
+class _HeaderDeadline(HTTPConnection):
+    """A connection whose answer's status line and headers must come within its read timeout."""
+
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]
+        seconds = self.timeout if isinstance(self.timeout, int | float) else None
+        if seconds is None:
+            return super().getresponse()
+        _WATCHDOG.watch(self, seconds)
+        try:
+            return super().getresponse()
+        finally:
+            _WATCHDOG.unwatch(self)
+
+
+class _Connection(_HeaderDeadline, HTTPConnection):
+    pass
+
+
+class _TlsConnection(_HeaderDeadline, HTTPSConnection):
+    pass
+
+
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TlsPool(HTTPSConnectionPool):
+    ConnectionCls = _TlsConnection
+
+
+_POOLS = {"http": _Pool, "https": _TlsPool}
+
+
+class _Adapter(HTTPAdapter):
+    """``HTTPAdapter`` whose pools make :class:`_HeaderDeadline` connections, proxied or not."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = _POOLS
+        return manager
+
+
 def new_session(*, pool_maxsize: int, proxy: str | None, ca_bundle: str | None, user_agent: str) -> requests.Session:
     """A session for one base URL: pooled, never retrying, trusting nothing from the environment."""
     session = requests.Session()
     session.trust_env = False  # proxies and CA bundle are ours (passed below), .netrc never read
     session.cookies = RequestsCookieJar(DefaultCookiePolicy(allowed_domains=()))  # keeps none
     session.max_redirects = 0
-    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(1, pool_maxsize), max_retries=0)
+    adapter = _Adapter(pool_connections=1, pool_maxsize=max(1, pool_maxsize), max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.proxies = {"http": proxy, "https": proxy} if proxy else {}
@@ -115,12 +224,18 @@ def exchange(session: requests.Session, method: str, url: str, headers: Mapping[
     prepared.prepare_headers({**session.headers, **headers})
     prepared.prepare_body(body or None, None)  # Content-Length (0 for a POST without a body)
     started = time.monotonic()
+    _WATCHDOG.fired()  # nothing of an earlier call
     try:
         response = session.send(prepared, stream=True, timeout=(connect_timeout, read_timeout),
                                 allow_redirects=False)
     except requests.RequestException as err:
+        if _WATCHDOG.fired():
+            raise _no_answer() from None
         raise failure(err) from None
     raw = response.raw
+    if _WATCHDOG.fired():  # http.client may take headers cut short for a whole answer
+        raw.close()
+        raise _no_answer()
     try:
         content = _read(raw, started + read_timeout, limit, read_timeout)
     except BaseException:
@@ -162,6 +277,10 @@ def _done(raw: HTTPResponse) -> bool:
     """Whether the whole body has been received (what is left is in our buffers)."""
     fp = raw._fp
     return fp is None or bool(fp.isclosed())
+
+
+def _no_answer() -> TransportError:
+    return TransportError("read_timeout", "no answer within the read timeout", "", sent=True)
 
 
 def _late(read_timeout: float) -> TransportError:
