@@ -237,3 +237,12 @@ def test_a_compressed_body_within_the_limit_is_decoded(server: RawServer) -> Non
 
     server.behaviours[b"gzip"] = compressed
     assert HttpTransport(server.url).request("POST", "/r", endpoint="r", data=b"gzip").body == body
+
+
+def test_a_header_value_that_cannot_be_sent_is_refused_without_quoting_it(server: RawServer) -> None:
+    # the clients check credentials before this (header_credential); the transport holds the line too
+    with pytest.raises(ServerUnavailableError) as info:
+        HttpTransport(server.url).request("POST", "/r", endpoint="r", data=b"x",
+                                          headers={"X-API-Key": "k\r\nX-Injected: secret-77"})
+    assert not info.value.ambiguous and server.bodies == []
+    assert "secret-77" not in f"{info.value} {info.value.__cause__!r} {info.value.__cause__.__cause__!r}"

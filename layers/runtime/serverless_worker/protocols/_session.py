@@ -221,7 +221,10 @@ def exchange(session: requests.Session, method: str, url: str, headers: Mapping[
     prepared = requests.PreparedRequest()
     prepared.prepare_method(method)
     prepared.url = url  # as given: not re-quoted, no dot segment collapsed
-    prepared.prepare_headers({**session.headers, **headers})
+    try:
+        prepared.prepare_headers({**session.headers, **headers})
+    except requests.exceptions.InvalidHeader:  # its message quotes the value: a credential, maybe
+        raise TransportError("other", "a header value that cannot be sent (not sent)", "", sent=False) from None
     prepared.prepare_body(body or None, None)  # Content-Length (0 for a POST without a body)
     started = time.monotonic()
     _WATCHDOG.fired()  # nothing of an earlier call
