@@ -170,6 +170,15 @@ class _Adapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = _POOLS
 
+    def build_response(self, req: requests.PreparedRequest, resp: HTTPResponse) -> requests.Response:
+        """The status and urllib3's response, unread: no headers copied, no cookies taken."""
+        response = requests.Response()
+        response.status_code = resp.status
+        response.raw = resp
+        response.request = req
+        response.connection = self
+        return response
+
     def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **kwargs)
         manager.pool_classes_by_scheme = _POOLS
@@ -229,8 +238,10 @@ def exchange(session: requests.Session, method: str, url: str, headers: Mapping[
     started = time.monotonic()
     _WATCHDOG.fired()  # nothing of an earlier call
     try:
-        response = session.send(prepared, stream=True, timeout=(connect_timeout, read_timeout),
-                                allow_redirects=False)
+        # The adapter's own send: what Session.send adds (hooks, cookies, redirects, the
+        # environment) is nothing this transport wants, and cost a sixth of a call's CPU.
+        response = session.get_adapter(url).send(prepared, stream=True, timeout=(connect_timeout, read_timeout),
+                                                 verify=session.verify, cert=None, proxies=session.proxies)
     except requests.RequestException as err:
         if _WATCHDOG.fired():
             raise _no_answer() from None
