@@ -34,7 +34,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 from requests.cookies import RequestsCookieJar
-from urllib3 import HTTPConnectionPool, HTTPResponse, HTTPSConnectionPool
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPResponse, HTTPSConnectionPool
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import (
     DecodeError,
@@ -170,7 +170,7 @@ class _Adapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = _POOLS
 
-    def build_response(self, req: requests.PreparedRequest, resp: HTTPResponse) -> requests.Response:
+    def build_response(self, req: requests.PreparedRequest, resp: BaseHTTPResponse) -> requests.Response:
         """The status and urllib3's response, unread: no headers copied, no cookies taken."""
         response = requests.Response()
         response.status_code = resp.status
@@ -240,8 +240,9 @@ def exchange(session: requests.Session, method: str, url: str, headers: Mapping[
     try:
         # The adapter's own send: what Session.send adds (hooks, cookies, redirects, the
         # environment) is nothing this transport wants, and cost a sixth of a call's CPU.
+        verify = session.verify if session.verify is not None else True
         response = session.get_adapter(url).send(prepared, stream=True, timeout=(connect_timeout, read_timeout),
-                                                 verify=session.verify, cert=None, proxies=session.proxies)
+                                                 verify=verify, cert=None, proxies=session.proxies)
     except requests.RequestException as err:
         if _WATCHDOG.fired():
             raise _no_answer() from None
