@@ -1,6 +1,6 @@
-"""``python -m benchmarks.http_calls``: CPU per HTTP call, the runtime's transport (libcurl,
-``protocols/_curl.py``) against plain ``requests``, urllib3, ``http.client`` and a bare
-``pycurl`` handle, on one sandbox over loopback.
+"""``python -m benchmarks.http_calls``: CPU per HTTP call, the runtime's transport (``requests``
+with a bounded, chunked read, ``protocols/_session.py``) against plain ``requests``, urllib3
+and ``http.client``, on one sandbox over loopback.
 
 Every job costs one to four calls to the job server, and the local worker is bound by
 its own CPU, so a call's client-side CPU is a share of every job. Each client sends the
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import io
 import json
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-import pycurl
 import requests
 import urllib3
 
-from serverless_worker.protocols._http import HttpTransport
+from serverless_worker.protocols.transport import HttpTransport
 
 from .harness import SandboxProcess
 
@@ -57,24 +55,12 @@ def _clients(url: str) -> dict[str, Callable[[], object]]:
         connection.request("POST", _PATH, body=body, headers=_HEADERS)
         return connection.getresponse().read()
 
-    curl = pycurl.Curl()  # every option set once: the library's own floor
-    curl.setopt(pycurl.URL, url + _PATH)
-    curl.setopt(pycurl.HTTPHEADER, [f"{name}: {value}" for name, value in _HEADERS.items()])
-    curl.setopt(pycurl.POSTFIELDS, body)
-
-    def bare_curl() -> object:
-        answer = io.BytesIO()
-        curl.setopt(pycurl.WRITEDATA, answer)
-        curl.perform()
-        return answer.getvalue()
-
     return {
         "requests.Session": lambda: session.post(url + _PATH, data=body, headers=_HEADERS, timeout=(3, 30)),
         "HttpTransport (the runtime's)": lambda: transport.request("POST", _PATH, endpoint="complete",
                                                                    json_body=_BODY, headers=_HEADERS),
         "urllib3 pool": lambda: pool.urlopen("POST", _PATH, body=body, headers=_HEADERS, retries=False),
         "http.client": plain,
-        "pycurl, options set once": bare_curl,
     }
 
 

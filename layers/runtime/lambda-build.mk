@@ -6,7 +6,7 @@
 LAMBDA_PYTHON_VERSION := 3.13
 PYTHON ?= python$(LAMBDA_PYTHON_VERSION)
 ARCHITECTURE ?= x86_64
-# manylinux2014 (glibc 2.17) and manylinux_2_28 wheels (pycurl's) run on Amazon Linux 2023
+# manylinux2014 (glibc 2.17) and manylinux_2_28 wheels run on Amazon Linux 2023
 # (glibc 2.34) on either CPU.
 WHEEL_PLATFORM_x86_64 := manylinux2014_x86_64 manylinux_2_28_x86_64
 WHEEL_PLATFORM_arm64 := manylinux2014_aarch64 manylinux_2_28_aarch64

@@ -1,10 +1,12 @@
-"""The HTTP transport (libcurl) against a raw loopback server that misbehaves on purpose:
+"""The HTTP transport (requests) against a raw loopback server that misbehaves on purpose:
 each transport failure says what happened and whether the request may have been sent,
-and a request is never sent twice, even where libcurl would resend it by itself."""
+a request is never sent twice (urllib3 makes one attempt), and no answer, however slow
+or however compressed, holds a call past its read timeout or memory past the size limit."""
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import socket
 import threading
 import time
@@ -101,8 +103,8 @@ def test_calls_share_one_connection_and_headers_are_read_without_regard_to_case(
 
 def test_a_request_the_server_read_and_dropped_is_not_sent_again_on_a_new_connection(
         server: RawServer) -> None:
-    # libcurl resends a request whose reused connection closed without a byte of answer;
-    # the server may have acted on it, so the transport stops that second send.
+    # A client that retries would resend a request whose reused connection closed without
+    # a byte of answer; the server may have acted on it, so the transport sends it once.
     server.behaviours[b"drop"] = close_without_answer
     transport = HttpTransport(server.url)
     transport.request("POST", "/pull", endpoint="pull", data=b"warm")  # the connection is now reused
@@ -124,12 +126,11 @@ def test_a_drop_on_a_new_connection_is_ambiguous_and_sent_once(server: RawServer
 
 def test_an_idle_connection_the_server_closed_is_replaced_without_a_failure(server: RawServer) -> None:
     # A keep-alive connection the server closed while idle is the everyday case, not a
-    # failure: libcurl sees it closed before sending and connects anew.
+    # failure: urllib3 sees it closed before sending and connects anew.
     server.behaviours[b"last"] = lambda conn: answer(conn) and False
     transport = HttpTransport(server.url)
     transport.request("POST", "/r", endpoint="r", data=b"last")
-    # the server has closed it (on loopback its FIN is with us); libcurl itself would look
-    # only after 1 s idle
+    # the server has closed it (on loopback its FIN is with us)
     assert server.closed.acquire(timeout=10)
     assert transport.request("POST", "/r", endpoint="r", data=b"next").status == 200
     assert transport.request("POST", "/r", endpoint="r", data=b"again").status == 200
@@ -184,3 +185,64 @@ def test_a_body_over_the_limit_is_cut_off_and_refused(server: RawServer) -> None
     with pytest.raises(ProtocolViolationError, match="larger than 1024 bytes"):
         transport.request("POST", "/r", endpoint="r", data=b"large")
     assert transport.request("POST", "/r", endpoint="r", data=b"small").body == b"ok"
+
+
+def test_headers_trickled_a_byte_at_a_time_are_cut_at_the_read_timeout(server: RawServer) -> None:
+    # Each byte comes well within the read timeout; the whole header block would take 5 s.
+    # Were the timeout per socket read only, the call would wait it out and succeed.
+    def trickle_headers(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(100):
+            conn.sendall(b"X")
+            time.sleep(0.05)
+        conn.sendall(b": y\r\nContent-Length: 2\r\n\r\nok")
+        return False
+
+    server.behaviours[b"trickle"] = trickle_headers
+    transport = HttpTransport(server.url, read_timeout=0.4)
+    transport.request("POST", "/r", endpoint="r", data=b"warm")
+    with pytest.raises(ServerUnavailableError) as info:
+        transport.request("POST", "/r", endpoint="r", data=b"trickle")
+    assert info.value.ambiguous and cause(info).kind == "read_timeout"
+    assert server.bodies == [b"warm", b"trickle"]  # sent once
+    assert transport.request("POST", "/r", endpoint="r", data=b"after").body == b"ok"
+
+
+def test_a_compressed_body_that_expands_past_the_limit_is_cut_off_and_refused(server: RawServer) -> None:
+    # 64 MiB of zeros is 64 KiB gzipped: the limit holds for what it expands to, and the
+    # transport never holds the whole of it.
+    bomb = gzip.compress(bytes(64 * 1024 * 1024), compresslevel=9)
+
+    def compressed(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: "
+                     + str(len(bomb)).encode() + b"\r\n\r\n" + bomb)
+        return True
+
+    server.behaviours[b"bomb"] = compressed
+    transport = HttpTransport(server.url, max_response_bytes=1024 * 1024)
+    with pytest.raises(ProtocolViolationError, match="larger than 1048576 bytes"):
+        transport.request("POST", "/r", endpoint="r", data=b"bomb")
+    assert transport.request("POST", "/r", endpoint="r", data=b"small").body == b"ok"
+    assert server.connections == 2  # the cut-off connection was not reused
+
+
+def test_a_compressed_body_within_the_limit_is_decoded(server: RawServer) -> None:
+    body = b'{"jobs": []}' * 1000
+
+    def compressed(conn: socket.socket) -> bool:
+        packed = gzip.compress(body)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: "
+                     + str(len(packed)).encode() + b"\r\n\r\n" + packed)
+        return True
+
+    server.behaviours[b"gzip"] = compressed
+    assert HttpTransport(server.url).request("POST", "/r", endpoint="r", data=b"gzip").body == body
+
+
+def test_a_header_value_that_cannot_be_sent_is_refused_without_quoting_it(server: RawServer) -> None:
+    # the clients check credentials before this (header_credential); the transport holds the line too
+    with pytest.raises(ServerUnavailableError) as info:
+        HttpTransport(server.url).request("POST", "/r", endpoint="r", data=b"x",
+                                          headers={"X-API-Key": "k\r\nX-Injected: secret-77"})
+    assert not info.value.ambiguous and server.bodies == []
+    assert "secret-77" not in f"{info.value} {info.value.__cause__!r} {info.value.__cause__.__cause__!r}"

@@ -1,7 +1,7 @@
 """Ids reach the server as the same id: a Priostack job key or a claim-queue item id that
 is ``.``, ``..``, holds ``/``, ``%``, ``?``, ``#``, a space or non-ASCII, is one path segment
-of the report's URL (``protocols/_paths.py``), and libcurl does not collapse dot segments
-(``CURLOPT_PATH_AS_IS``). Before, ``/jobs/../complete`` went out as ``/complete``, got 404
+of the report's URL (``protocols/_paths.py``), and the transport sends the path as given
+(nothing re-quoted, no dot segment collapsed). Before, ``/jobs/../complete`` went out as ``/complete``, got 404
 and the job was stranded. Pipelogiq puts only integers in its paths (stage and pipeline ids).
 """
 

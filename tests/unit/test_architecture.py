@@ -82,7 +82,7 @@ def test_every_contract_holds_on_the_package_as_it_is(package_graph: grimp.Impor
     ("protocols.claimqueue", "sandbox.claimqueue", "sandbox"),
     # a private module is its own package's
     ("local.demo", "sandbox._server", "private"),
-    ("cli.doctor_command", "protocols._curl", "private"),
+    ("cli.doctor_command", "protocols._session", "private"),
     ("runtime.executor", "protocols._paths", "private"),
     ("local.worker", "sandbox._validation", "private"),
 ])

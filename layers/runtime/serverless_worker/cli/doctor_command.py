@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigurationError
     from ..local.doctor import SMOKE_HANDLER, Doctor
     from ..local.project import find_project_root
-    from ..protocols._http import RetryPolicy
     from ..protocols.base import WorkerProtocol
     from ..protocols.factory import create_client
+    from ..protocols.transport import RetryPolicy
     from ..settings import Settings
     from .local_command import build_settings
 

@@ -46,8 +46,8 @@ from ..errors import (
     UnsupportedServerError,
 )
 from ..model import Delivery, Outcome, OutcomeKind
-from ..protocols._http import display_url
 from ..protocols.base import PullRequest, WorkerIdentity, WorkerProtocol
+from ..protocols.transport import display_url
 from ..settings import Settings
 
 __all__ = ["Check", "Doctor", "SMOKE_HANDLER"]

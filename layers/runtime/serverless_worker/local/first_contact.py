@@ -38,7 +38,7 @@ from ..errors import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
-from ..protocols._http import HttpTransport, TransportError, display_url
+from ..protocols.transport import HttpTransport, TransportError, display_url
 from ..settings import Settings
 
 __all__ = ["FirstContactError", "HeldLogs", "describe_unreachable", "probe", "refusal", "unsupported_detail"]

@@ -57,7 +57,7 @@ from ..errors import (
     ServerlessWorkerError,
     SessionExpiredError,
 )
-from ..protocols._http import display_url
+from ..protocols.transport import display_url
 from ..runtime.context import LambdaContextLike, LocalContext
 from ..runtime.drain import drain, resume_pulling
 from ..runtime.executor import execute

@@ -1,12 +1,10 @@
 """HTTP plumbing shared by the protocol clients: pooled connections, timeouts on every
 call, transport failures translated to domain errors in one place, and retries.
 
-The exchange itself is libcurl's (``_curl.py``, through ``pycurl``, pinned in the layer):
-on loopback a call cost the client 340-440 µs of CPU through urllib3, 95-120 µs through
-libcurl (``python -m benchmarks.http_calls``), and the local worker is bound by its own
-CPU. None of what a general-purpose client adds is wanted here: cookies, redirects and
-``.netrc`` credentials are all things a worker must not follow, and the environment's
-proxy and CA bundle are read once, below (with ``requests``' rules for them).
+The exchange itself is ``requests``' (``_session.py``): one session per transport, its
+pool sized to the client's concurrency, with no retries of its own, no redirects, no
+cookies and nothing read from the environment but what :func:`_environment_settings`
+reads once (the proxy and CA bundle, by ``requests``' rules for them).
 
 Retries use `stamina` (a small, well-kept layer over tenacity: exponential backoff with
 jitter, an explicit predicate, and ``stamina.set_testing`` to turn backoff off in
@@ -30,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import requests
 from pydantic import SecretStr
 
 from ..errors import (
@@ -40,8 +39,8 @@ from ..errors import (
 )
 from ..loopback import is_loopback_url
 from ..waits import parse_retry_after, pause, time_left, waits_abandoned
-from ._curl import CurlSettings, HandlePool, ResponseTooLargeError, TransportError, perform
 from ._proxy import checked_proxy
+from ._session import ResponseTooLargeError, TransportError, exchange, new_session, open_connections
 
 __all__ = ["HttpResponse", "HttpTransport", "RetryPolicy", "display_url", "retry_call", "is_loopback_url",
            "header_credential", "header_safe", "open_connections", "TransportError"]
@@ -273,27 +272,27 @@ class HttpTransport:
         self.base_url = self.base_url.rstrip("/")
         self.proxy, self.ca_bundle = _environment_settings(self.base_url)
         self.proxy = checked_proxy(self.base_url, self.proxy, allow_insecure_http=self.allow_insecure_http)
-        # Content-Type: (empty) keeps libcurl from labelling a body it was not told the type of.
-        self._headers = {"User-Agent": self.user_agent, "Accept": "*/*", "Expect": "", "Content-Type": ""}
-        https = self.base_url.startswith("https:")
-        self._settings = CurlSettings(connect_timeout=self.connect_timeout, proxy=self.proxy,
-                                      ca_bundle=(self.ca_bundle or _default_ca_bundle()) if https else None)
-        self._pool = HandlePool(self._settings, self.pool_maxsize)
+        self._pool = self._new_session()
         self._lock = threading.Lock()
         _TRANSPORTS.add(self)
+
+    def _new_session(self) -> requests.Session:
+        https = self.base_url.startswith("https:")
+        return new_session(pool_maxsize=self.pool_maxsize, proxy=self.proxy, user_agent=self.user_agent,
+                           ca_bundle=(self.ca_bundle or None) if https else None)
 
     @property
     def pooled_connections(self) -> int:
         """Connections held open (SnapStart's restore must leave none of before)."""
-        return self._pool.open_connections()
+        return open_connections(self._pool)
 
     def renew(self) -> None:
-        """Close every pooled connection and start a new pool with the same settings.
+        """Close every pooled connection and start a new session with the same settings.
 
         For a SnapStart restore: environments restored from one snapshot must not share
         the sockets (or TLS sessions) the snapshot's environment had open.
         """
-        old, self._pool = self._pool, HandlePool(self._settings, self.pool_maxsize)
+        old, self._pool = self._pool, self._new_session()
         old.close()
 
     def request(
@@ -315,7 +314,7 @@ class HttpTransport:
         """
         with self._lock:
             self.calls[endpoint] += 1
-        sent = {**self._headers, **(headers or {})}
+        sent = dict(headers or {})
         if json_body is not None:
             data = json.dumps(json_body, separators=(",", ":")).encode()
             sent["Content-Type"] = "application/json"
@@ -324,22 +323,18 @@ class HttpTransport:
             url += "?" + urlencode([(k, v) for k, v in params.items() if v is not None], doseq=True)
         read = read_timeout if read_timeout is not None else self.read_timeout
         started = time.monotonic()
-        pool = self._pool
-        handle = pool.take()
         try:
             # No retries and no redirects here: retries are retry_call's, and a credential
             # must never follow a redirect.
-            status, received, body = perform(handle, method, url, _header_lines(sent), data,
-                                             settings=self._settings, read_timeout=read,
-                                             limit=self.max_response_bytes)
+            status, received, body = exchange(self._pool, method, url, sent, data,
+                                              connect_timeout=self.connect_timeout, read_timeout=read,
+                                              limit=self.max_response_bytes)
         except ResponseTooLargeError:
             raise ProtocolViolationError(f"response larger than {self.max_response_bytes} bytes",
                                          endpoint=endpoint) from None
         except TransportError as err:
             raise ServerUnavailableError(f"transport failure ({err.words})", endpoint=endpoint,
                                          ambiguous=err.sent) from err
-        finally:
-            pool.give(handle)
         log.debug("http %s %s -> %s in %.1f ms", method, endpoint, status, (time.monotonic() - started) * 1000)
         return HttpResponse(status, received, body, endpoint)
 
@@ -364,20 +359,3 @@ def _environment_settings(base_url: str) -> tuple[str | None, str | None]:
         proxy = select_proxy(base_url, get_environ_proxies(base_url))  # honours NO_PROXY
     verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None
     return proxy, verify
-
-
-def _header_lines(headers: Mapping[str, str]) -> list[str]:
-    """``Name: value`` lines; an empty value as ``Name:``, which keeps libcurl from adding its own."""
-    return [f"{name}: {value}" if value else f"{name}:" for name, value in headers.items()]
-
-
-def open_connections(pool: HandlePool) -> int:
-    """How many connections ``pool`` holds open."""
-    return pool.open_connections()
-
-
-def _default_ca_bundle() -> str:
-    """certifi's bundle, as ``requests`` uses (certifi is pinned in the layer)."""
-    import certifi
-
-    return str(certifi.where())

@@ -6,9 +6,9 @@ read by ``_http._environment_settings``). Two rules are laid on top of it:
 - A loopback server is never reached through a proxy, whatever ``NO_PROXY`` says: the
   request would leave the machine (the proxy's) only to come back, and for an ``http://``
   sandbox every request, credential included, would cross the proxy hop in clear.
-- A proxy spoken to in plain text (``http://``, ``socks*://`` or no scheme, which libcurl
-  reads as ``http://``) on a host other than loopback must not see a secret in clear
-  unless ``allow_insecure_http`` is set. For an ``https://`` job server libcurl tunnels
+- A proxy spoken to in plain text (``http://``, ``socks*://`` or no scheme, which is
+  read as ``http://``) on a host other than loopback must not see a secret in clear
+  unless ``allow_insecure_http`` is set. For an ``https://`` job server the transport tunnels
   (``CONNECT``), so the key stays inside TLS and only the server's host name crosses the
   hop (as it does in TLS's SNI anyway): the usual corporate ``HTTPS_PROXY=http://proxy:3128``
   is fine. What is refused is the proxy's own ``user:password@``, which would cross in

@@ -80,7 +80,7 @@ def prime(function: str) -> None:
 def renew() -> None:
     """Make anew what environments restored from one snapshot must not share."""
     from ..awsclients import renew_clients
-    from ..protocols._http import renew_transports
+    from ..protocols.transport import renew_transports
 
     random.seed()  # from os.urandom: each environment its own jitter
     transports = renew_transports()
