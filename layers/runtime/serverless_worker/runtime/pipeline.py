@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import LeaseRefusedError, PayloadTooLargeError, ProtocolError, UnknownHandlerError
 from ..model import Delivery, Lease, Outcome
@@ -26,6 +26,7 @@ from .budget import budget_fits, lapsed_at_grant, never_fits, time_budget
 from .fit import report_unfit
 from .lease import LeaseKeeper
 from .progress import progress_reporter
+from .protocol_client import ProtocolCaller
 from .settle import Settlement, discard, hand_back, settle
 
 if TYPE_CHECKING:
@@ -39,16 +40,6 @@ __all__ = ["ProtocolCaller", "claim", "deliver", "find_handler", "lease_bound", 
 
 log = logging.getLogger("serverless_worker.pipeline")
 T = TypeVar("T")
-
-
-class ProtocolCaller(Protocol):
-    """The protocol client as the steps use it: its capabilities, and calls that recover a
-    rejected session or key once (``Services.call``)."""
-
-    @property
-    def protocol(self) -> WorkerProtocol: ...
-
-    def call(self, fn: Callable[[WorkerProtocol], T]) -> T: ...
 
 
 # -- claim -----------------------------------------------------------------------------------------
@@ -93,7 +84,7 @@ def settle_lapsed(services: Services, key: str, delivery: Delivery, why: str) ->
     queue) offers the job again; this one delivery only, never the worker's configuration."""
     log.warning("job %s not run: %s", delivery.job_id, why)
     services.events.add("job.lease_lapsed", f"job {delivery.job_id}: {why}", level="WARN", job_id=delivery.job_id)
-    return discard(services, key, delivery, f"not run: {why}")
+    return discard(services.settler(), key, delivery, f"not run: {why}")
 
 
 def settle_refusal(services: Services, key: str, delivery: Delivery, refusal: LeaseRefusedError) -> Settlement:
@@ -106,7 +97,7 @@ def settle_refusal(services: Services, key: str, delivery: Delivery, refusal: Le
     if refusal.action == "stop":
         log.error("lease refused with %s: stopping this worker; fix its configuration", refusal.reason)
         services.store.set_stopped(services.protocol_name, services.instance, f"lease refused: {refusal.reason}")
-    return discard(services, key, delivery, f"lease refused: {refusal.reason} ({refusal.action})")
+    return discard(services.settler(), key, delivery, f"lease refused: {refusal.reason} ({refusal.action})")
 
 
 # -- store -----------------------------------------------------------------------------------------
@@ -162,12 +153,12 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
         # handing back is safe and definite.
         services.refusals.refused(delivery, f"lease not acquired: {type(err).__name__}")
         log.warning("lease for job %s not acquired, handing it back: %s", delivery.job_id, err)
-        return hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
+        return hand_back(services.settler(), key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
 
     spec = find_handler(services.registry, delivery)
     if isinstance(spec, Outcome):
         services.store.store_outcome(key, epoch, spec)
-        return settle(services, key, delivery, spec)
+        return settle(services.settler(), key, delivery, spec)
 
     bounding = lease_bound(spec, lease, services.protocol)
     lapsed = lapsed_at_grant(bounding, services.clock()) if bounding is not None else None
@@ -184,13 +175,14 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
         services.refusals.refused(delivery, "time budget cannot fit")
         if why is not None:
             report_unfit(services, spec, why)
-            return hand_back(services, key, delivery, why, epoch=epoch)
-        return hand_back(services, key, delivery, f"time budget {budget:.1f}s cannot fit the handler", epoch=epoch)
+            return hand_back(services.settler(), key, delivery, why, epoch=epoch)
+        return hand_back(services.settler(), key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
+                         epoch=epoch)
 
     services.refusals.went_through(delivery)
     outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget),
                             subject=f"handler {delivery.handler!r} (job {delivery.job_id})")
-    return settle(services, key, delivery, outcome)
+    return settle(services.settler(), key, delivery, outcome)
 
 
 def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease, budget: float) -> Outcome:
