@@ -6,8 +6,9 @@ claim); the state machine's steps (``runtime/steps.py``) run the same steps one 
 task at a time. Each step takes the collaborators it uses (the ledger store, the
 protocol client, the clock) rather than the whole runtime; the steps that settle a
 delivery (report, ack, hand back, discard) go through ``runtime/settle.py``, which takes
-the runtime. The time a run may take is sized in ``runtime/budget.py``, and the outcomes
-the runtime itself gives are built in ``runtime/outcomes.py``.
+a ``Settler`` of its own collaborators, and the lease keeper and progress reporter take
+the client and the events. The time a run may take is sized in ``runtime/budget.py``,
+and the outcomes the runtime itself gives are built in ``runtime/outcomes.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..errors import LeaseRefusedError, PayloadTooLargeError, ProtocolError, UnknownHandlerError
 from ..model import Delivery, Lease, Outcome
 from ..protocols.base import WorkerProtocol
-from ..state.errors import ItemTooLargeError, StaleWriteError
+from ..state.errors import StaleWriteError
 from . import outcomes
 from .budget import budget_fits, lapsed_at_grant, never_fits, time_budget
 from .fit import report_unfit
@@ -102,7 +103,7 @@ def settle_refusal(services: Services, key: str, delivery: Delivery, refusal: Le
 
 # -- store -----------------------------------------------------------------------------------------
 def store_outcome(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
-                  subject: str = "the handler") -> Outcome:
+                  delivery: Delivery | None = None) -> Outcome:
     """Store ``outcome`` and return what was stored: an outcome too large for the ledger
     item (a result of several hundred KB) is stored, and so reported, as a
     RESULT_TOO_LARGE failure instead, never left to crash the invocation. A run that no
@@ -110,25 +111,30 @@ def store_outcome(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
     try:
         store.store_outcome(key, epoch, outcome)
         return outcome
-    except ItemTooLargeError as err:
-        log.error("outcome of job %s does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s", key, err)
-        fallback = outcomes.result_too_large(f"{subject}: its {outcome.kind.value} outcome is {err.size} bytes, "
-                                             f"over the state store's item limit of {err.limit} bytes")
+    except PayloadTooLargeError as err:
+        fallback = outcomes.result_too_large(_too_large(key, delivery, outcome, err))
+        log.error("outcome does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s", fallback.message)
         store.store_outcome(key, epoch, fallback)
         return fallback
 
 
-def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome) -> bool:
-    """Store the outcome of a step of the state machine; ``False`` when this run no longer
-    owns the item (nothing to do then). One too large is stored as a RESULT_TOO_LARGE failure."""
+def _too_large(key: str, delivery: Delivery | None, outcome: Outcome, err: PayloadTooLargeError) -> str:
+    """The RESULT_TOO_LARGE message: whose outcome (handler and job, when known; the ledger
+    key) and its size against the limit, never the outcome itself."""
+    whose = f"handler {delivery.handler!r} (job {delivery.job_id}), " if delivery is not None else ""
+    return (f"{whose}delivery {key}: its {outcome.kind.value} outcome is {err.size} bytes, "
+            f"over the state store's item limit of {err.limit} bytes")[:1024]
+
+
+def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
+                   delivery: Delivery | None = None) -> bool:
+    """:func:`store_outcome` for a step of the state machine; ``False`` when this run no
+    longer owns the item (nothing to do then)."""
     try:
-        store.store_outcome(key, epoch, outcome)
+        store_outcome(store, key, epoch, outcome, delivery=delivery)
     except StaleWriteError:
         log.warning("run %s lost the delivery before storing its outcome", epoch)
         return False
-    except PayloadTooLargeError as err:
-        log.error("outcome too large to store; storing a failure instead: %s", err)
-        store.store_outcome(key, epoch, outcomes.result_too_large(f"delivery {key}: {err}"[:1024]))
     return True
 
 
@@ -181,7 +187,7 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
 
     services.refusals.went_through(delivery)
     outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget),
-                            subject=f"handler {delivery.handler!r} (job {delivery.job_id})")
+                            delivery=delivery)
     return settle(services.settler(), key, delivery, outcome)
 
 
@@ -198,11 +204,12 @@ def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease
 
     keeper = None
     if services.protocol.lease_renewable:
-        keeper = LeaseKeeper(services, delivery, lease, renew_every=services.settings.lease_renew_seconds,
-                             on_lost=lost, clock=services.clock).start()
+        keeper = LeaseKeeper(services.client, services.events, delivery, lease,
+                             renew_every=services.settings.lease_renew_seconds, on_lost=lost,
+                             clock=services.clock).start()
     try:
         result = run_handler(spec, delivery, budget_seconds=budget, cancel_event=cancel,
-                             progress=progress_reporter(services, delivery, on_terminal=lost))
+                             progress=progress_reporter(services.client, services.events, delivery, on_terminal=lost))
     finally:
         if keeper is not None:
             keeper.stop()

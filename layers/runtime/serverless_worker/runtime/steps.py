@@ -214,7 +214,8 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
     try:
         result = run_handler(spec, item.delivery, budget_seconds=budget, cancel_event=cancel,
                              checkpoint=item.checkpoint,
-                             progress=progress_reporter(services, item.delivery, on_terminal=lambda _: cancel.set()))
+                             progress=progress_reporter(services.client, services.events, item.delivery,
+                                                        on_terminal=lambda _: cancel.set()))
     finally:
         watcher.stop()
     if result.continuation is None:
@@ -222,7 +223,7 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         if outcome.kind is OutcomeKind.NOT_STARTED and item.checkpoint is not None:
             # Not the first slice: the job did start, so this is a spent budget, not a hand-back.
             outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="NO_TIME", message=outcome.message)
-        store_if_owned(services.store, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome, delivery=item.delivery)
         return _slice()
     try:
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
@@ -273,12 +274,13 @@ def start_callback(services: Services, event: StartCallbackEvent, context: Lambd
     budget = callback_budget(remaining_lambda=_remaining(context),
                              report_margin=services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
-                         progress=progress_reporter(services, item.delivery, on_terminal=None))
+                         progress=progress_reporter(services.client, services.events, item.delivery,
+                                                    on_terminal=None))
     outcome = result.outcome
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                                      message="a callback handler cannot return Continue")
-        store_if_owned(services.store, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome, delivery=item.delivery)
         _fail_task(services, token, error="HandlerFailed",
                    cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
     return {"started": True}
@@ -303,7 +305,7 @@ def finish_callback(services: Services, event: FinishCallbackEvent, context: Lam
                 outcome = Outcome(kind=OutcomeKind.FAILURE, error_code=name[:64], message=cause)
         else:
             outcome = Outcome(kind=OutcomeKind.SUCCESS, value=event.get("output"))
-        store_if_owned(services.store, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome, delivery=item.delivery)
     return _slice()
 
 
