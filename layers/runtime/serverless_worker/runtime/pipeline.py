@@ -112,18 +112,15 @@ def store_outcome(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
         store.store_outcome(key, epoch, outcome)
         return outcome
     except PayloadTooLargeError as err:
-        fallback = outcomes.result_too_large(_too_large(key, delivery, outcome, err))
+        # One message for every path: whose outcome (handler and job when known, the ledger
+        # key) and its size against the limit, never the outcome itself.
+        whose = f"handler {delivery.handler!r} (job {delivery.job_id}), " if delivery is not None else ""
+        fallback = outcomes.result_too_large(f"{whose}delivery {key}: its {outcome.kind.value} outcome is "
+                                             f"{err.size} bytes, over the state store's item limit of "
+                                             f"{err.limit} bytes"[:1024])
         log.error("outcome does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s", fallback.message)
         store.store_outcome(key, epoch, fallback)
         return fallback
-
-
-def _too_large(key: str, delivery: Delivery | None, outcome: Outcome, err: PayloadTooLargeError) -> str:
-    """The RESULT_TOO_LARGE message: whose outcome (handler and job, when known; the ledger
-    key) and its size against the limit, never the outcome itself."""
-    whose = f"handler {delivery.handler!r} (job {delivery.job_id}), " if delivery is not None else ""
-    return (f"{whose}delivery {key}: its {outcome.kind.value} outcome is {err.size} bytes, "
-            f"over the state store's item limit of {err.limit} bytes")[:1024]
 
 
 def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
