@@ -2,10 +2,12 @@
 answering 503 is sent exactly the client policy's number of times, whether the executor or
 the state machine sends it; not again by Lambda's asynchronous retry, the state machine's
 ``Retry`` or its give-back. The reaper, at the retry time noted on the ledger item, sends it
-once more when the server is back. Attempts are the sandbox's per-endpoint call counts."""
+once per reap (its client tries once: the noted retry time is its only back-off), and once
+more when the server is back. Attempts are the sandbox's per-endpoint call counts."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,14 +32,24 @@ def _reports_sent(env: Any) -> int:
 
 
 def _reaper_reports_once_the_server_is_back(env: Any) -> None:
-    """Clear the fault and let the noted retry time pass (backdated, not waited): the next
-    tick's reaper sends the stored outcome once, and the job is done."""
+    """Let the noted retry time pass (backdated, not waited) with the fault still on: one
+    tick's reaper sends the stored outcome once, notes the failure and moves the retry time
+    out. Then clear the fault and backdate again: the next reap sends it once more, and the
+    job is done."""
     (item,) = ledger(env)
+    backdate(env, item.key)
+    env.tick(0.5)
+    env.stack.wait_idle(30)
+    assert _reports_sent(env) == DEFAULT_RETRY.attempts + 1, "the reaper tries once per reap"
+    (item,) = ledger(env)
+    assert item.status is LedgerStatus.OUTCOME_STORED and item.settle_failures == 2, item
+    assert item.deadline is not None and item.deadline > time.time(), "the next retry time moved out"
+
     env.admin.clear_faults()
     backdate(env, item.key)
     run_until(env, lambda: all(done(env.protocol, job) for job in env.admin.jobs()),
               what="the stored outcome reported by the reaper")
-    assert _reports_sent(env) == DEFAULT_RETRY.attempts + 1
+    assert _reports_sent(env) == DEFAULT_RETRY.attempts + 2
     assert in_flight(env) == 0
 
 

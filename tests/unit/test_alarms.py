@@ -59,7 +59,7 @@ class _Protocol:
 
 
 class _Services:
-    """What LeaseKeeper uses of Services: ``call`` and ``events``."""
+    """What LeaseKeeper uses: the client's ``call`` and the events' ``add``."""
 
     def __init__(self, protocol: _Protocol) -> None:
         self.protocol = protocol
@@ -78,7 +78,8 @@ def _delivery() -> Delivery:
 
 
 def _keeper(protocol: _Protocol, alarms: Alarms, renew_every: float, lost: list[str]) -> LeaseKeeper:
-    return LeaseKeeper(_Services(protocol), _delivery(), Lease(expires_at=None, renewable=True),  # type: ignore[arg-type]
+    services = _Services(protocol)
+    return LeaseKeeper(services, services.events, _delivery(), Lease(expires_at=None, renewable=True),  # type: ignore[arg-type]
                        renew_every=renew_every, on_lost=lost.append, alarm_clock=alarms)
 
 

@@ -17,7 +17,11 @@ from .base import WorkerProtocol
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["create_client"]
+__all__ = ["ONE_ATTEMPT", "create_client"]
+
+# The reaper's policy: it retries a settling call at the retry time noted on its ledger
+# item (docs/retries.md), so its client tries each call once.
+ONE_ATTEMPT = RetryPolicy(attempts=1)
 
 
 def create_client(settings: Settings, credential: SecretStr, *, retry: RetryPolicy | None = None,

@@ -54,7 +54,7 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
             if str(item.status).endswith(("RECORDED", "DISPATCHED")) and store.start_run(
                     item.key, epoch=claim, deadline=now + 60) is not None:
                 try:
-                    hand_back(services, item.key, item.delivery, "worker draining", epoch=claim)
+                    hand_back(services.settler(), item.key, item.delivery, "worker draining", epoch=claim)
                     report.handed_back += 1
                 except ServerlessWorkerError as err:
                     log.warning("hand back during drain failed: %s", err)

@@ -47,7 +47,7 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> 
             # settle it as a run that ran out of time.
             outcome = outcomes.executor_lost()
             services.store.store_outcome(ledger_key, context.aws_request_id, outcome)
-            settlement = settle(services, ledger_key, item.delivery, outcome)
+            settlement = settle(services.settler(), ledger_key, item.delivery, outcome)
             return {"ledger_key": ledger_key, "action": settlement.action, "detail": "executor lost"}
         try:
             settlement = deliver(services, ledger_key, item.delivery, epoch=context.aws_request_id,
@@ -70,9 +70,9 @@ def resume(services: Services, ledger_key: str) -> dict[str, Any]:
         log.warning("ledger item %s not found; nothing to do", ledger_key)
         return {"ledger_key": ledger_key, "action": "missing"}
     if item.status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
-        settlement = settle(services, ledger_key, item.delivery, item.outcome)
+        settlement = settle(services.settler(), ledger_key, item.delivery, item.outcome)
         return {"ledger_key": ledger_key, "action": settlement.action, "resumed": True}
     if item.status is LedgerStatus.REPORTED:
-        acknowledge(services, ledger_key, item.delivery)
+        acknowledge(services.settler(), ledger_key, item.delivery)
         return {"ledger_key": ledger_key, "action": "acknowledged", "resumed": True}
     return {"ledger_key": ledger_key, "action": "skipped", "status": str(item.status)}

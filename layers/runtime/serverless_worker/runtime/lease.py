@@ -18,7 +18,8 @@ from collections.abc import Callable
 from ..errors import LeaseRefusedError, ProtocolError
 from ..model import Delivery, Lease
 from .alarms import Alarms, alarms
-from .services import Services
+from .events import EventBuffer
+from .protocol_client import ProtocolCaller
 
 __all__ = ["LeaseKeeper"]
 
@@ -26,12 +27,15 @@ log = logging.getLogger("serverless_worker.lease")
 
 
 class LeaseKeeper:
-    """Renews ``delivery``'s lease in a thread until stopped; calls ``on_lost`` once if lost."""
+    """Renews ``delivery``'s lease in a thread until stopped; calls ``on_lost`` once if lost.
 
-    def __init__(self, services: Services, delivery: Delivery, lease: Lease, *, renew_every: float,
-                 on_lost: Callable[[str], None], clock: Callable[[], float] = time.time,
+    ``client`` renews (the client retries a renewal); ``events`` is told of a lost lease."""
+
+    def __init__(self, client: ProtocolCaller, events: EventBuffer, delivery: Delivery, lease: Lease, *,
+                 renew_every: float, on_lost: Callable[[str], None], clock: Callable[[], float] = time.time,
                  alarm_clock: Alarms = alarms) -> None:
-        self._services = services
+        self._client = client
+        self._events = events
         self._delivery = delivery
         self._expires_at = lease.expires_at
         self._renew_every = renew_every
@@ -78,7 +82,7 @@ class LeaseKeeper:
     def _renew(self) -> bool:
         """One renewal; ``False`` once the lease is lost and renewing must stop."""
         try:
-            lease = self._services.call(lambda p: p.renew(self._delivery))
+            lease = self._client.call(lambda p: p.renew(self._delivery))
         except LeaseRefusedError as refusal:
             self._lose(f"renewal refused: {refusal.reason}")
             return False
@@ -99,6 +103,6 @@ class LeaseKeeper:
 
         metrics.add("LeasesLost", 1)
         log.warning("lease lost for job %s: %s", self._delivery.job_id, reason)
-        self._services.events.add("job.lease_lost", f"job {self._delivery.job_id}: {reason}", level="WARN",
-                                  job_id=self._delivery.job_id)
+        self._events.add("job.lease_lost", f"job {self._delivery.job_id}: {reason}", level="WARN",
+                         job_id=self._delivery.job_id)
         self._on_lost("lease_lost")

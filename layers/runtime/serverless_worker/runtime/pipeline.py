@@ -6,8 +6,9 @@ claim); the state machine's steps (``runtime/steps.py``) run the same steps one 
 task at a time. Each step takes the collaborators it uses (the ledger store, the
 protocol client, the clock) rather than the whole runtime; the steps that settle a
 delivery (report, ack, hand back, discard) go through ``runtime/settle.py``, which takes
-the runtime. The time a run may take is sized in ``runtime/budget.py``, and the outcomes
-the runtime itself gives are built in ``runtime/outcomes.py``.
+a ``Settler`` of its own collaborators, and the lease keeper and progress reporter take
+the client and the events. The time a run may take is sized in ``runtime/budget.py``,
+and the outcomes the runtime itself gives are built in ``runtime/outcomes.py``.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import LeaseRefusedError, PayloadTooLargeError, ProtocolError, UnknownHandlerError
 from ..model import Delivery, Lease, Outcome
 from ..protocols.base import WorkerProtocol
-from ..state.errors import ItemTooLargeError, StaleWriteError
+from ..state.errors import StaleWriteError
 from . import outcomes
 from .budget import budget_fits, lapsed_at_grant, never_fits, time_budget
 from .fit import report_unfit
 from .lease import LeaseKeeper
 from .progress import progress_reporter
+from .protocol_client import ProtocolCaller
 from .settle import Settlement, discard, hand_back, settle
 
 if TYPE_CHECKING:
@@ -39,16 +41,6 @@ __all__ = ["ProtocolCaller", "claim", "deliver", "find_handler", "lease_bound", 
 
 log = logging.getLogger("serverless_worker.pipeline")
 T = TypeVar("T")
-
-
-class ProtocolCaller(Protocol):
-    """The protocol client as the steps use it: its capabilities, and calls that recover a
-    rejected session or key once (``Services.call``)."""
-
-    @property
-    def protocol(self) -> WorkerProtocol: ...
-
-    def call(self, fn: Callable[[WorkerProtocol], T]) -> T: ...
 
 
 # -- claim -----------------------------------------------------------------------------------------
@@ -93,7 +85,7 @@ def settle_lapsed(services: Services, key: str, delivery: Delivery, why: str) ->
     queue) offers the job again; this one delivery only, never the worker's configuration."""
     log.warning("job %s not run: %s", delivery.job_id, why)
     services.events.add("job.lease_lapsed", f"job {delivery.job_id}: {why}", level="WARN", job_id=delivery.job_id)
-    return discard(services, key, delivery, f"not run: {why}")
+    return discard(services.settler(), key, delivery, f"not run: {why}")
 
 
 def settle_refusal(services: Services, key: str, delivery: Delivery, refusal: LeaseRefusedError) -> Settlement:
@@ -106,12 +98,12 @@ def settle_refusal(services: Services, key: str, delivery: Delivery, refusal: Le
     if refusal.action == "stop":
         log.error("lease refused with %s: stopping this worker; fix its configuration", refusal.reason)
         services.store.set_stopped(services.protocol_name, services.instance, f"lease refused: {refusal.reason}")
-    return discard(services, key, delivery, f"lease refused: {refusal.reason} ({refusal.action})")
+    return discard(services.settler(), key, delivery, f"lease refused: {refusal.reason} ({refusal.action})")
 
 
 # -- store -----------------------------------------------------------------------------------------
 def store_outcome(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
-                  subject: str = "the handler") -> Outcome:
+                  delivery: Delivery | None = None) -> Outcome:
     """Store ``outcome`` and return what was stored: an outcome too large for the ledger
     item (a result of several hundred KB) is stored, and so reported, as a
     RESULT_TOO_LARGE failure instead, never left to crash the invocation. A run that no
@@ -119,25 +111,27 @@ def store_outcome(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
     try:
         store.store_outcome(key, epoch, outcome)
         return outcome
-    except ItemTooLargeError as err:
-        log.error("outcome of job %s does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s", key, err)
-        fallback = outcomes.result_too_large(f"{subject}: its {outcome.kind.value} outcome is {err.size} bytes, "
-                                             f"over the state store's item limit of {err.limit} bytes")
+    except PayloadTooLargeError as err:
+        # One message for every path: whose outcome (handler and job when known, the ledger
+        # key) and its size against the limit, never the outcome itself.
+        whose = f"handler {delivery.handler!r} (job {delivery.job_id}), " if delivery is not None else ""
+        fallback = outcomes.result_too_large(f"{whose}delivery {key}: its {outcome.kind.value} outcome is "
+                                             f"{err.size} bytes, over the state store's item limit of "
+                                             f"{err.limit} bytes"[:1024])
+        log.error("outcome does not fit the ledger; storing a RESULT_TOO_LARGE failure: %s", fallback.message)
         store.store_outcome(key, epoch, fallback)
         return fallback
 
 
-def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome) -> bool:
-    """Store the outcome of a step of the state machine; ``False`` when this run no longer
-    owns the item (nothing to do then). One too large is stored as a RESULT_TOO_LARGE failure."""
+def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
+                   delivery: Delivery | None = None) -> bool:
+    """:func:`store_outcome` for a step of the state machine; ``False`` when this run no
+    longer owns the item (nothing to do then)."""
     try:
-        store.store_outcome(key, epoch, outcome)
+        store_outcome(store, key, epoch, outcome, delivery=delivery)
     except StaleWriteError:
         log.warning("run %s lost the delivery before storing its outcome", epoch)
         return False
-    except PayloadTooLargeError as err:
-        log.error("outcome too large to store; storing a failure instead: %s", err)
-        store.store_outcome(key, epoch, outcomes.result_too_large(f"delivery {key}: {err}"[:1024]))
     return True
 
 
@@ -162,12 +156,12 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
         # handing back is safe and definite.
         services.refusals.refused(delivery, f"lease not acquired: {type(err).__name__}")
         log.warning("lease for job %s not acquired, handing it back: %s", delivery.job_id, err)
-        return hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
+        return hand_back(services.settler(), key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
 
     spec = find_handler(services.registry, delivery)
     if isinstance(spec, Outcome):
         services.store.store_outcome(key, epoch, spec)
-        return settle(services, key, delivery, spec)
+        return settle(services.settler(), key, delivery, spec)
 
     bounding = lease_bound(spec, lease, services.protocol)
     lapsed = lapsed_at_grant(bounding, services.clock()) if bounding is not None else None
@@ -184,13 +178,14 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
         services.refusals.refused(delivery, "time budget cannot fit")
         if why is not None:
             report_unfit(services, spec, why)
-            return hand_back(services, key, delivery, why, epoch=epoch)
-        return hand_back(services, key, delivery, f"time budget {budget:.1f}s cannot fit the handler", epoch=epoch)
+            return hand_back(services.settler(), key, delivery, why, epoch=epoch)
+        return hand_back(services.settler(), key, delivery, f"time budget {budget:.1f}s cannot fit the handler",
+                         epoch=epoch)
 
     services.refusals.went_through(delivery)
     outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget),
-                            subject=f"handler {delivery.handler!r} (job {delivery.job_id})")
-    return settle(services, key, delivery, outcome)
+                            delivery=delivery)
+    return settle(services.settler(), key, delivery, outcome)
 
 
 def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease, budget: float) -> Outcome:
@@ -206,11 +201,12 @@ def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease
 
     keeper = None
     if services.protocol.lease_renewable:
-        keeper = LeaseKeeper(services, delivery, lease, renew_every=services.settings.lease_renew_seconds,
-                             on_lost=lost, clock=services.clock).start()
+        keeper = LeaseKeeper(services.client, services.events, delivery, lease,
+                             renew_every=services.settings.lease_renew_seconds, on_lost=lost,
+                             clock=services.clock).start()
     try:
         result = run_handler(spec, delivery, budget_seconds=budget, cancel_event=cancel,
-                             progress=progress_reporter(services, delivery, on_terminal=lost))
+                             progress=progress_reporter(services.client, services.events, delivery, on_terminal=lost))
     finally:
         if keeper is not None:
             keeper.stop()

@@ -58,7 +58,7 @@ def settle_unrecordable(services: Services, delivery: Delivery, err: Unrecordabl
         except ProtocolError as ack_err:
             log.warning("refused unrecordable job %s not acknowledged: %s", job, ack_err)
         _event(services, delivery, f"{err.reason}; lease refused: {refusal.reason}")
-        count_settled(services, None, delivery=delivery, discarded=1)
+        count_settled(services.settler(), None, delivery=delivery, discarded=1)
         return SETTLED, f"{err.reason}; lease refused ({refusal.reason})"
     except (ProtocolError, ValueError) as call_err:
         return _unsettled(services, delivery, f"{err.reason}; reporting it failed: {type(call_err).__name__}")
@@ -67,7 +67,7 @@ def settle_unrecordable(services: Services, delivery: Delivery, err: Unrecordabl
     except ProtocolError as ack_err:  # the result is in; an ack that fails proves nothing more
         log.warning("unrecordable job %s reported, acknowledgement failed: %s", job, ack_err)
     _event(services, delivery, f"{err.reason}; reported as VALIDATION_ERROR ({receipt.status or 'accepted'})")
-    count_settled(services, outcome, delivery=delivery)
+    count_settled(services.settler(), outcome, delivery=delivery)
     return SETTLED, f"{err.reason}; reported as VALIDATION_ERROR"
 
 

@@ -17,25 +17,26 @@ from ..errors import ProtocolError, ResultNotAcceptedError
 
 if TYPE_CHECKING:
     from ..model import Delivery
-    from .services import Services
+    from .events import EventBuffer
+    from .protocol_client import ProtocolCaller
 
 __all__ = ["progress_reporter"]
 
 log = logging.getLogger("serverless_worker.runtime")
 
 
-def progress_reporter(services: Services, delivery: Delivery,
+def progress_reporter(client: ProtocolCaller, events: EventBuffer, delivery: Delivery,
                       on_terminal: Callable[[str], None] | None) -> Callable[[Any], None]:
-    """The ``progress`` callback for one run; ``on_terminal(why)`` cancels it."""
+    """The ``progress`` callback for one run: one try through ``client``'s protocol, and
+    ``events`` told of a job finished elsewhere; ``on_terminal(why)`` cancels it."""
 
     def report(value: Any) -> None:
         try:
-            services.protocol.progress(delivery, value)
+            client.protocol.progress(delivery, value)
         except ResultNotAcceptedError as err:
             why = f"the server no longer accepts work on job {delivery.job_id}: it is {err.item_status}"
             log.warning("%s%s", why, "; stopping the handler" if on_terminal is not None else "")
-            services.events.add("job.terminal_elsewhere", why, level="WARN", job_id=delivery.job_id,
-                                status=err.item_status)
+            events.add("job.terminal_elsewhere", why, level="WARN", job_id=delivery.job_id, status=err.item_status)
             if on_terminal is not None:
                 on_terminal(why)
         except ProtocolError as err:

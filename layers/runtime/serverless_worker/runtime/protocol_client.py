@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import SecretStr
 
@@ -22,24 +22,37 @@ from .session import SessionKeeper
 if TYPE_CHECKING:  # types only: the runtime must not pay for these imports before it needs them
     from ..settings import Settings
 
-__all__ = ["ProtocolClient"]
+__all__ = ["ProtocolCaller", "ProtocolClient"]
 
 log = logging.getLogger("serverless_worker.runtime")
 T = TypeVar("T")
+
+
+class ProtocolCaller(Protocol):
+    """The protocol client as the runtime's steps use it: its capabilities, and calls that
+    recover a rejected session or key once (:meth:`ProtocolClient.call`)."""
+
+    @property
+    def protocol(self) -> WorkerProtocol: ...
+
+    def call(self, fn: Callable[[WorkerProtocol], T]) -> T: ...
 
 
 class ProtocolClient:
     """The protocol client of one container (or the local runner) and its session keeper.
 
     ``new_keeper`` builds the session keeper when a session is first needed; ``events``
-    gives the buffer told of a recovered session."""
+    gives the buffer told of a recovered session. ``one_attempt``: each call is tried once
+    (``protocols.factory.ONE_ATTEMPT``), for a caller whose retries are paced elsewhere
+    (the reaper: docs/retries.md)."""
 
     def __init__(self, *, settings: Settings, new_keeper: Callable[[], SessionKeeper],
                  events: Callable[[], EventBuffer], credential_source: Callable[[bool], SecretStr] | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
+                 overrides: dict[str, Any] | None = None, one_attempt: bool = False) -> None:
         self._settings, self._new_keeper, self._events = settings, new_keeper, events
         self._credential_source = credential_source
         self._overrides = overrides if overrides is not None else {}
+        self._one_attempt = one_attempt
         self._protocol: WorkerProtocol | None = None
         self._credential: SecretStr | None = None
         self._keeper: SessionKeeper | None = None
@@ -57,11 +70,15 @@ class ProtocolClient:
                 self._protocol = self._build_protocol(refresh=False)
             return self._protocol
 
-    def _build_protocol(self, refresh: bool) -> WorkerProtocol:
-        from ..protocols.factory import create_client
+    def _create(self, credential: SecretStr) -> WorkerProtocol:
+        from ..protocols.factory import ONE_ATTEMPT, create_client
 
+        overrides = {**self._overrides, "retry": ONE_ATTEMPT} if self._one_attempt else self._overrides
+        return create_client(self._settings, credential, **overrides)
+
+    def _build_protocol(self, refresh: bool) -> WorkerProtocol:
         self._credential = self._read_credential(refresh)
-        client = create_client(self._settings, self._credential, **self._overrides)
+        client = self._create(self._credential)
         if self._keeper is not None and self._keeper.session is not None:
             client.use_session(self._keeper.session)
         return client
@@ -137,9 +154,7 @@ class ProtocolClient:
             if self._protocol is not None:
                 self._protocol.close()
             self._credential = fresh
-            from ..protocols.factory import create_client
-
-            self._protocol = create_client(self._settings, fresh, **self._overrides)
+            self._protocol = self._create(fresh)
             if self._keeper is not None and self._keeper.session is not None:
                 self._protocol.use_session(self._keeper.session)
         return True

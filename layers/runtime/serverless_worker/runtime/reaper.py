@@ -6,9 +6,10 @@ same outcome as a handler that ran past its budget. Outcome stored but not repor
 or reported but not acknowledged: finish settling. Each step first claims the item in
 the ledger with a conditional write, so a late executor and the reaper never both act.
 
-A settling call that fails moves the item's deadline to its retry time (settle.py), with
-a back-off; after ``SETTLE_ATTEMPTS_MAX`` failures in a row the item is abandoned: a
-reported one is marked acknowledged (the server has its outcome), any other is
+Its protocol calls are tried once each (``Services.reaper_client``): a settling call that
+fails moves the item's deadline to its retry time (settle.py), a back-off kept in the
+ledger and the reaper's only one (docs/retries.md). After ``SETTLE_ATTEMPTS_MAX`` failures
+in a row the item is abandoned: a reported one is marked acknowledged (the server has its outcome), any other is
 discarded and marked unknown to the server, so the job's return is recorded again.
 Either way it is final within a bounded time, whatever the server answers, and an
 ERROR event and the ``SettleAbandoned`` metric say so.
@@ -70,6 +71,7 @@ class ReapReport:
 def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapReport:
     """Settle up to ``limit`` stranded deliveries of this worker instance."""
     store = services.store
+    settler = services.settler(reaping=True)  # one attempt per call: the item's retry time paces it
     report = ReapReport()
     now = services.clock()
     for item in store.stranded(services.protocol_name, services.instance, now)[:limit]:
@@ -82,13 +84,13 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
             elif action == "hand_back":
                 claim = handback_epoch()
                 if store.start_run(item.key, epoch=claim, deadline=now + grace) is not None:
-                    hand_back(services, item.key, item.delivery, "never started before its deadline", epoch=claim)
+                    hand_back(settler, item.key, item.delivery, "never started before its deadline", epoch=claim)
                     report.handed_back += 1
             elif action == "hand_back_again" and running is not None:
                 # A hand-back whose call failed: the handler never ran, so hand back again.
                 claim = handback_epoch()
                 if store.take_over(item.key, old_epoch=running, new_epoch=claim, deadline=now + grace):
-                    hand_back(services, item.key, item.delivery, "earlier hand-back did not complete",
+                    hand_back(settler, item.key, item.delivery, "earlier hand-back did not complete",
                               epoch=claim)
                     report.handed_back += 1
             elif action == "time_out" and running is not None:
@@ -96,13 +98,13 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
                     outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="EXECUTOR_LOST",
                                       message="the executor stopped before storing an outcome")
                     store.store_outcome(item.key, epoch, outcome)
-                    settle(services, item.key, item.delivery, outcome)
+                    settle(settler, item.key, item.delivery, outcome)
                     report.timed_out += 1
             elif action == "resettle" and item.outcome is not None:
-                settle(services, item.key, item.delivery, item.outcome)
+                settle(settler, item.key, item.delivery, item.outcome)
                 report.resettled += 1
             elif action == "acknowledge":
-                acknowledge(services, item.key, item.delivery)
+                acknowledge(settler, item.key, item.delivery)
                 report.resettled += 1
         except ServerlessWorkerError as err:
             report.failed += 1

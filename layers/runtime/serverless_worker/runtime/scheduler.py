@@ -496,7 +496,7 @@ class Scheduler:
             try:
                 claim = handback_epoch()
                 if services.store.start_run(key, epoch=claim, deadline=deadline) is not None:
-                    hand_back(services, key, delivery, f"dispatch failed: {err}", epoch=claim)
+                    hand_back(services.settler(), key, delivery, f"dispatch failed: {err}", epoch=claim)
                     return "failed"
             except ProtocolError as hand_err:
                 log.warning("hand back after failed dispatch did not go through: %s", hand_err)

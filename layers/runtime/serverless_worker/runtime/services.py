@@ -2,7 +2,8 @@
 
 Clients are created lazily on first use and kept for the life of the container:
 never a new boto3 or HTTP client per invocation. The job server's client, with its
-session and key recovery, is ``runtime/protocol_client.py``.
+session and key recovery, is ``runtime/protocol_client.py``; the reaper has its own, with a
+one-attempt retry policy, sharing the session (docs/retries.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .events import EventBuffer
 from .protocol_client import ProtocolClient
 from .refusals import JobRefusals
 from .session import SessionKeeper
+from .settle import Settler
 
 if TYPE_CHECKING:  # types only: the runtime must not pay for these imports before it needs them
     from ..registry import HandlerRegistry
@@ -69,12 +71,16 @@ class Services:
     refusals: JobRefusals = field(default_factory=JobRefusals)  # jobs handed back or refused: paced
     sleep: Callable[[float], None] = time.sleep  # waits of the runtime's own pacing (refusals)
     client: ProtocolClient = field(init=False, repr=False)  # the job server's, with session recovery
+    reaper_client: ProtocolClient = field(init=False, repr=False)  # the same, one attempt per call
     _counters: CounterBuffer | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.client = ProtocolClient(settings=self.settings, new_keeper=self._new_keeper, events=lambda: self.events,
                                      credential_source=self.credential_source, overrides=self.client_overrides)
+        self.reaper_client = ProtocolClient(settings=self.settings, new_keeper=lambda: self.client.keeper,
+                                            events=lambda: self.events, credential_source=self.credential_source,
+                                            overrides=self.client_overrides, one_attempt=True)
 
     # -- identity ------------------------------------------------------------
     @property
@@ -135,6 +141,12 @@ class Services:
                                                clock=self.clock)
             return self._counters
 
+    def settler(self, *, reaping: bool = False) -> Settler:
+        """What settling a delivery uses (``runtime/settle.py``); ``reaping``: the reaper's
+        one-attempt client, so the ledger's noted retry time is its only back-off."""
+        return Settler(store=self.store, client=self.reaper_client if reaping else self.client, events=self.events,
+                       counters=lambda: self.counters, clock=self.clock, watcher=self.watcher)
+
     @contextmanager
     def flushing_events(self) -> Iterator[None]:
         """Send buffered worker events when the block ends (one call per invocation at most)."""
@@ -149,3 +161,4 @@ class Services:
 
     def close(self) -> None:
         self.client.close()
+        self.reaper_client.close()

@@ -5,6 +5,10 @@ The outcome is already in the ledger when this runs, so any invocation (a retrie
 executor, the reaper, the state machine's report step) can settle it again without
 running the handler again. A report that cannot be sent now raises, leaving the item at
 OUTCOME_STORED for the next attempt.
+
+Every function takes a :class:`Settler`: the collaborators settling uses (the ledger, the
+job server's client, the worker events, the counters, the clock), built by
+``Services.settler`` (the reaper's with a one-attempt client: docs/retries.md).
 """
 
 from __future__ import annotations
@@ -12,14 +16,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import NotFoundError, PayloadTooLargeError, ResultNotAcceptedError, ServerlessWorkerError
 from ..model import Delivery, Outcome, OutcomeKind, ReportReceipt
 from ..state.rules import HANDBACK_EPOCH_PREFIX
-from .services import Services
+from .events import EventBuffer
+from .protocol_client import ProtocolCaller
 
-__all__ = ["Settlement", "settle", "hand_back", "discard", "report", "acknowledge", "handback_epoch",
-           "note_failure", "retry_delay", "count_settled", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
+if TYPE_CHECKING:
+    from ..state.base import StateStore
+    from .services import DeliveryWatcher
+
+__all__ = ["Counting", "Settlement", "Settler", "settle", "hand_back", "discard", "report", "acknowledge",
+           "handback_epoch", "note_failure", "retry_delay", "count_settled", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
 
 # A settling call that fails after the client's own retries (the server down, answering
 # garbage) is noted on its item, and the reaper is its one owner from then on
@@ -46,6 +56,27 @@ def handback_epoch() -> str:
 log = logging.getLogger("serverless_worker.settle")
 
 
+class Counting(Protocol):
+    """Where settled jobs are counted (``runtime.counters.CounterBuffer``)."""
+
+    def add(self, **deltas: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Settler:
+    """The collaborators settling uses. ``client`` makes the protocol calls: the container's
+    (its full retry policy), or the reaper's one-attempt client, whose retries the ledger's
+    noted retry time paces (:func:`retry_delay`). ``counters`` builds the counter buffer on
+    first use; ``watcher`` is the local runner's live status (none in Lambda)."""
+
+    store: StateStore
+    client: ProtocolCaller
+    events: EventBuffer
+    counters: Callable[[], Counting]
+    clock: Callable[[], float]
+    watcher: DeliveryWatcher | None = None
+
+
 @dataclass(frozen=True)
 class Settlement:
     """What settling did, for logs, metrics and tests."""
@@ -60,26 +91,26 @@ def retry_delay(failures: int) -> float:
     return min(SETTLE_RETRY_MAX_SECONDS, SETTLE_RETRY_BASE_SECONDS * 2.0 ** max(0, failures - 1))
 
 
-def note_failure(services: Services, key: str, err: Exception) -> int:
+def note_failure(settler: Settler, key: str, err: Exception) -> int:
     """Record a failed settling call: the item's deadline becomes the retry time, so it
     stops counting against capacity and the reaper tries again then. Returns the failures
     in a row (0 when the item is already final). Never raises: the caller re-raises ``err``."""
-    store = services.store
+    store = settler.store
     try:
         failures = store.note_settle_failure(key, f"{type(err).__name__}: {err}",
-                                             retry_at=services.clock() + retry_delay(1))
+                                             retry_at=settler.clock() + retry_delay(1))
         if failures > 1:  # the back-off grows with the count the write just returned
-            store.postpone(key, services.clock() + retry_delay(failures))
+            store.postpone(key, settler.clock() + retry_delay(failures))
         return failures
     except ServerlessWorkerError as store_err:
         log.warning("settle failure of %s not recorded: %s", key, store_err)
         return 0
 
 
-def settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
+def settle(settler: Settler, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
     """Report + acknowledge, hand back or discard, as the outcome requires. A call that
     fails is noted on the item (:func:`note_failure`) before the error propagates."""
-    result: Settlement = _noting(services, key, _settle, services, key, delivery, outcome)
+    result: Settlement = _noting(settler, key, _settle, settler, key, delivery, outcome)
     return result
 
 
@@ -89,101 +120,101 @@ def _is_stale(err: Exception) -> bool:
     return isinstance(err, StaleWriteError)
 
 
-def _settle(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
+def _settle(settler: Settler, key: str, delivery: Delivery, outcome: Outcome) -> Settlement:
     if outcome.kind is OutcomeKind.NOT_STARTED:
-        return _hand_back(services, key, delivery, outcome.message or "not started")
+        return _hand_back(settler, key, delivery, outcome.message or "not started")
     if outcome.kind is OutcomeKind.LEASE_LOST:
         # Ownership moved to the server's recovery: no result from us, settle the delivery.
-        return _discard(services, key, delivery, "lease lost while running")
-    receipt = _report(services, key, delivery, outcome, record=False)
+        return _discard(settler, key, delivery, "lease lost while running")
+    receipt = _report(settler, key, delivery, outcome, record=False)
     # Only a report the server did not know needs to learn whether the final write applied;
     # any other the store may record without waiting (a crash before it lands re-settles).
     forgotten = receipt.status in ("not_found", "already_applied")
-    if not _acknowledge(services, key, delivery, receipt=receipt, wait=forgotten) \
-            and forgotten and services.store.clear_redelivered(key):
+    if not _acknowledge(settler, key, delivery, receipt=receipt, wait=forgotten) \
+            and forgotten and settler.store.clear_redelivered(key):
         # The server forgot this delivery (404) and has since delivered the job again (a
         # Priostack restart, then a re-activation dropped as a duplicate): report again, now
         # to the new activation, rather than strand the job with nobody holding it.
-        receipt = _report(services, key, delivery, outcome, record=False)
-        _acknowledge(services, key, delivery, receipt=receipt)
-    count_settled(services, outcome, delivery=delivery)
+        receipt = _report(settler, key, delivery, outcome, record=False)
+        _acknowledge(settler, key, delivery, receipt=receipt)
+    count_settled(settler, outcome, delivery=delivery)
     return Settlement("reported", accepted=receipt.accepted, detail=receipt.status or "")
 
 
-def report(services: Services, key: str, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
+def report(settler: Settler, key: str, delivery: Delivery, outcome: Outcome) -> ReportReceipt:
     """Send the outcome and record it (:func:`_report`); a failed call is noted on the item,
     then raised: the reaper sends it again at the noted time (docs/retries.md)."""
-    receipt: ReportReceipt = _noting(services, key, _report, services, key, delivery, outcome)
+    receipt: ReportReceipt = _noting(settler, key, _report, settler, key, delivery, outcome)
     return receipt
 
 
-def _report(services: Services, key: str, delivery: Delivery, outcome: Outcome, *,
+def _report(settler: Settler, key: str, delivery: Delivery, outcome: Outcome, *,
             record: bool = True) -> ReportReceipt:
     """Send the outcome (the client retries it); a too-large result becomes a failure.
 
     ``record=False`` leaves the ledger write to :func:`acknowledge` (one write, not two)."""
     try:
-        receipt = services.call(lambda p: p.report(delivery, outcome))
+        receipt = settler.client.call(lambda p: p.report(delivery, outcome))
     except PayloadTooLargeError as err:
         log.error("result too large; reporting a failure instead: %s", err)
         fallback = Outcome(kind=OutcomeKind.FAILURE, error_code="RESULT_TOO_LARGE",
                            message=f"handler {delivery.handler!r} (job {delivery.job_id}): {err}")
-        receipt = services.call(lambda p: p.report(delivery, fallback))
+        receipt = settler.client.call(lambda p: p.report(delivery, fallback))
     except ResultNotAcceptedError as err:
         # Someone else (or the queue's timeout) finished the job first: a definite outcome.
         receipt = ReportReceipt(accepted=False, status=err.item_status)
-        services.events.add("job.result_not_accepted", f"result for {delivery.job_id} not accepted: "
+        settler.events.add("job.result_not_accepted", f"result for {delivery.job_id} not accepted: "
                             f"{err.item_status}", level="WARN", job_id=delivery.job_id)
     if record:
-        services.store.mark_reported(key, receipt)
+        settler.store.mark_reported(key, receipt)
     return receipt
 
 
-def acknowledge(services: Services, key: str, delivery: Delivery, *,
+def acknowledge(settler: Settler, key: str, delivery: Delivery, *,
                 receipt: ReportReceipt | None = None) -> None:
     """Acknowledge a reported delivery; a failed call is noted on the item, then raised."""
-    _noting(services, key, _acknowledge, services, key, delivery, receipt=receipt)
+    _noting(settler, key, _acknowledge, settler, key, delivery, receipt=receipt)
 
 
-def _noting[**P, R](services: Services, key: str, fn: Callable[P, R], *args: P.args,
+def _noting[**P, R](settler: Settler, key: str, fn: Callable[P, R], *args: P.args,
                     **kwargs: P.kwargs) -> R:
     """Run a settling step; a failure (not a lost fence) is noted on the item, then raised."""
     try:
         return fn(*args, **kwargs)
     except ServerlessWorkerError as err:
         if not _is_stale(err):
-            note_failure(services, key, err)
+            note_failure(settler, key, err)
         raise
 
 
-def _acknowledge(services: Services, key: str, delivery: Delivery, *,
+def _acknowledge(settler: Settler, key: str, delivery: Delivery, *,
                  receipt: ReportReceipt | None = None, wait: bool = True) -> bool:
     """Acknowledge and record it; ``False`` when the ledger refused the final write (with
     ``wait``: see ``StateStore.mark_acknowledged``)."""
     try:
-        services.call(lambda p: p.acknowledge(delivery))
+        settler.client.call(lambda p: p.acknowledge(delivery))
     except NotFoundError as err:
         # The token expired, was already settled or was forgotten by a restart: the result is
         # in, recovery handles the rest. Where the protocol offers a read, verify the outcome.
-        read = services.protocol.reconcile(delivery)
+        read = settler.client.protocol.reconcile(delivery)
         log.warning("acknowledgement not found: %s; server says %s", err, read)
         if read is not None:
-            services.events.add("job.ack_not_found", f"job {delivery.job_id}: ack not found; {read}",
+            settler.events.add("job.ack_not_found", f"job {delivery.job_id}: ack not found; {read}",
                                 level="WARN", job_id=delivery.job_id)
             if receipt is not None:
                 receipt = receipt.model_copy(update={"detail": {**receipt.detail, "reconciled": read}})
-    return services.store.mark_acknowledged(key, receipt, wait=wait)
+    return settler.store.mark_acknowledged(key, receipt, wait=wait)
 
 
-def hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
+def hand_back(settler: Settler, key: str, delivery: Delivery, reason: str, *,
               epoch: str | None = None) -> Settlement:
     """Return an unstarted delivery without using an attempt (:func:`_hand_back`); a
     failed call is noted on the item, then raised."""
-    result: Settlement = _noting(services, key, _hand_back, services, key, delivery, reason, epoch=epoch)
+    result: Settlement = _noting(settler, key, _hand_back, settler, key, delivery, reason, epoch=epoch)
     return result
 
 
-def _hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
+def _hand_back(settler: Settler, key: str, delivery: Delivery, reason: str, *,
                epoch: str | None = None) -> Settlement:
     """Return an unstarted delivery without using an attempt.
 
@@ -194,53 +225,53 @@ def _hand_back(services: Services, key: str, delivery: Delivery, reason: str, *,
     """
     if epoch is not None and not epoch.startswith(HANDBACK_PREFIX):
         claim = handback_epoch()
-        if services.store.take_over(key, old_epoch=epoch, new_epoch=claim, deadline=services.clock() + 60):
+        if settler.store.take_over(key, old_epoch=epoch, new_epoch=claim, deadline=settler.clock() + 60):
             epoch = claim
     try:
-        services.call(lambda p: p.hand_back(delivery))
+        settler.client.call(lambda p: p.hand_back(delivery))
     except NotFoundError as err:
         log.warning("hand back found nothing to return: %s", err)
-    services.store.mark_handed_back(key, reason, epoch=epoch)
-    services.events.add("job.handed_back", f"job {delivery.job_id} handed back: {reason}",
+    settler.store.mark_handed_back(key, reason, epoch=epoch)
+    settler.events.add("job.handed_back", f"job {delivery.job_id} handed back: {reason}",
                         job_id=delivery.job_id)
-    count_settled(services, None, delivery=delivery, handed_back=1)
+    count_settled(settler, None, delivery=delivery, handed_back=1)
     return Settlement("handed_back", detail=reason)
 
 
-def discard(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
+def discard(settler: Settler, key: str, delivery: Delivery, reason: str) -> Settlement:
     """Drop a duplicate, stale or lost delivery without a result (a failed call is noted)."""
-    result: Settlement = _noting(services, key, _discard, services, key, delivery, reason)
+    result: Settlement = _noting(settler, key, _discard, settler, key, delivery, reason)
     return result
 
 
-def _discard(services: Services, key: str, delivery: Delivery, reason: str) -> Settlement:
+def _discard(settler: Settler, key: str, delivery: Delivery, reason: str) -> Settlement:
     try:
-        services.call(lambda p: p.discard(delivery))
+        settler.client.call(lambda p: p.discard(delivery))
     except NotFoundError as err:
         log.info("discard found nothing to settle: %s", err)
-    services.store.mark_discarded(key, reason)
-    count_settled(services, None, delivery=delivery, discarded=1)
+    settler.store.mark_discarded(key, reason)
+    count_settled(settler, None, delivery=delivery, discarded=1)
     return Settlement("discarded", detail=reason)
 
 
-def count_settled(services: Services, outcome: Outcome | None, *, delivery: Delivery | None = None,
+def count_settled(settler: Settler, outcome: Outcome | None, *, delivery: Delivery | None = None,
                   **extra: int) -> None:
     """Count the settled job in this container's buffer: no DynamoDB write per job (the
     buffer writes a batch at most every ``counters_flush_seconds``); and tell the
-    services' watcher, if any (the local runner's live status), which delivery it was."""
+    watcher, if any (the local runner's live status), which delivery it was."""
     deltas = dict(extra)
     if outcome is not None:
         deltas["processed"] = 1
         if not outcome.is_success:
             deltas["failed"] = 1
     try:
-        services.counters.add(**deltas)
+        settler.counters().add(**deltas)
     except Exception:  # counters are informational; never fail a settled job over them
         log.warning("counters not updated", exc_info=True)
-    if services.watcher is not None and delivery is not None:
+    if settler.watcher is not None and delivery is not None:
         how = ("done" if outcome.is_success else "failed") if outcome is not None else \
             ("handed_back" if extra.get("handed_back") else "discarded")
         try:
-            services.watcher.settled(delivery, how)
+            settler.watcher.settled(delivery, how)
         except Exception:  # as informational as the counters
             log.warning("delivery watcher failed", exc_info=True)

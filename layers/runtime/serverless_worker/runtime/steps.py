@@ -133,7 +133,7 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
             # The run already started in an earlier execution: the lease is gone, report nothing.
             services.store.request_cancel(key, epoch, f"renewal refused: {refusal.reason}")
             store_if_owned(services.store, key, epoch, outcomes.lease_lost(f"renewal refused: {refusal.reason}"))
-            discard(services, key, delivery, f"lease lost at handover: {refusal.reason}")
+            discard(services.settler(), key, delivery, f"lease lost at handover: {refusal.reason}")
         else:
             settle_refusal(services, key, delivery, refusal)
         return _done(reason=refusal.reason, epoch=epoch)
@@ -143,12 +143,12 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
             lease = Lease()
         else:
             # Unknown whether we hold the lease; the handler has not started: handing back is safe.
-            hand_back(services, key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
+            hand_back(services.settler(), key, delivery, f"lease not acquired: {type(err).__name__}", epoch=epoch)
             return _done(reason="lease not acquired", epoch=epoch)
     spec = find_handler(services.registry, delivery)
     if isinstance(spec, Outcome):
         if store_if_owned(services.store, key, epoch, spec):
-            settle(services, key, delivery, spec)
+            settle(services.settler(), key, delivery, spec)
         return _done(reason="unknown handler", epoch=epoch)
     bounding = None if handover else lease_bound(spec, lease, services.protocol)
     lapsed = lapsed_at_grant(bounding, services.clock()) if bounding is not None else None
@@ -166,7 +166,7 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
         # Nor past a lease that cannot be renewed: after it the item may run elsewhere.
         timeout = min(timeout, int(room))
         if timeout < 2:
-            hand_back(services, key, delivery, "too little lease left to wait for a callback", epoch=epoch)
+            hand_back(services.settler(), key, delivery, "too little lease left to wait for a callback", epoch=epoch)
             return _done(reason="no time", epoch=epoch)
     timeout = max(2, timeout)
     # The renew loop heartbeats every cycle; AWS wants the heartbeat below the timeout.
@@ -214,7 +214,8 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
     try:
         result = run_handler(spec, item.delivery, budget_seconds=budget, cancel_event=cancel,
                              checkpoint=item.checkpoint,
-                             progress=progress_reporter(services, item.delivery, on_terminal=lambda _: cancel.set()))
+                             progress=progress_reporter(services.client, services.events, item.delivery,
+                                                        on_terminal=lambda _: cancel.set()))
     finally:
         watcher.stop()
     if result.continuation is None:
@@ -222,7 +223,7 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         if outcome.kind is OutcomeKind.NOT_STARTED and item.checkpoint is not None:
             # Not the first slice: the job did start, so this is a spent budget, not a hand-back.
             outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="NO_TIME", message=outcome.message)
-        store_if_owned(services.store, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome, delivery=item.delivery)
         return _slice()
     try:
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
@@ -273,12 +274,13 @@ def start_callback(services: Services, event: StartCallbackEvent, context: Lambd
     budget = callback_budget(remaining_lambda=_remaining(context),
                              report_margin=services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
-                         progress=progress_reporter(services, item.delivery, on_terminal=None))
+                         progress=progress_reporter(services.client, services.events, item.delivery,
+                                                    on_terminal=None))
     outcome = result.outcome
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
                                      message="a callback handler cannot return Continue")
-        store_if_owned(services.store, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome, delivery=item.delivery)
         _fail_task(services, token, error="HandlerFailed",
                    cause=f"{outcome.kind.value}: {outcome.error_code or ''}"[:256])
     return {"started": True}
@@ -303,7 +305,7 @@ def finish_callback(services: Services, event: FinishCallbackEvent, context: Lam
                 outcome = Outcome(kind=OutcomeKind.FAILURE, error_code=name[:64], message=cause)
         else:
             outcome = Outcome(kind=OutcomeKind.SUCCESS, value=event.get("output"))
-        store_if_owned(services.store, key, epoch, outcome)
+        store_if_owned(services.store, key, epoch, outcome, delivery=item.delivery)
     return _slice()
 
 
@@ -369,18 +371,18 @@ def report_step(services: Services, event: ReportEvent, context: LambdaContextLi
     if _owned(item, epoch):
         if item.cancel_reason:  # refused while handing over: the lease is gone
             if store_if_owned(services.store, key, str(epoch), _lease_lost(item)):
-                discard(services, key, item.delivery, "lease lost while running")
+                discard(services.settler(), key, item.delivery, "lease lost while running")
             return {"reported": False, "handover": False}
         if item.handover_requested:
             return {"reported": False, "handover": True}
     status = item.status
     if status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
         if item.outcome.kind is OutcomeKind.NOT_STARTED:
-            hand_back(services, key, item.delivery, item.outcome.message or "not started")
+            hand_back(services.settler(), key, item.delivery, item.outcome.message or "not started")
         elif item.outcome.kind is OutcomeKind.LEASE_LOST:
-            discard(services, key, item.delivery, "lease lost while running")
+            discard(services.settler(), key, item.delivery, "lease lost while running")
         else:
-            receipt = report(services, key, item.delivery, item.outcome)
+            receipt = report(services.settler(), key, item.delivery, item.outcome)
             return {"reported": True, "accepted": receipt.accepted, "handover": False}
     return {"reported": False, "status": str(status), "handover": False}
 
@@ -389,8 +391,8 @@ def ack_step(services: Services, event: AckEvent, context: LambdaContextLike) ->
     key = event["ledger_key"]
     item = services.store.get(key)
     if item is not None and item.status is LedgerStatus.REPORTED:
-        acknowledge(services, key, item.delivery)
-        count_settled(services, item.outcome, delivery=item.delivery)
+        acknowledge(services.settler(), key, item.delivery)
+        count_settled(services.settler(), item.outcome, delivery=item.delivery)
         return {"acknowledged": True}
     return {"acknowledged": False}
 
@@ -419,7 +421,7 @@ def give_back(services: Services, event: GiveBackEvent, context: LambdaContextLi
     if item.status in (LedgerStatus.RECORDED, LedgerStatus.DISPATCHED):
         handback = handback_epoch()
         if claim(store, key, epoch=handback, deadline=now + 60) is not None:
-            hand_back(services, key, item.delivery, f"state machine failed: {name}", epoch=handback)
+            hand_back(services.settler(), key, item.delivery, f"state machine failed: {name}", epoch=handback)
             return {"action": "handed_back"}
     elif item.status is LedgerStatus.RUNNING and item.epoch is not None:
         # Ours, or our successor's when the handover failed before its execution started.
@@ -432,7 +434,7 @@ def give_back(services: Services, event: GiveBackEvent, context: LambdaContextLi
             if item.cancel_reason:
                 store_if_owned(services.store, key, new_epoch, _lease_lost(item))
             elif unstarted:
-                hand_back(services, key, item.delivery, f"failed before the handler started: {name}",
+                hand_back(services.settler(), key, item.delivery, f"failed before the handler started: {name}",
                           epoch=new_epoch)
                 return {"action": "handed_back"}
             else:
@@ -441,10 +443,10 @@ def give_back(services: Services, event: GiveBackEvent, context: LambdaContextLi
                 store_if_owned(services.store, key, new_epoch, failure)
     item = store.get(key)
     if item is not None and item.status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
-        settlement = settle(services, key, item.delivery, item.outcome)
+        settlement = settle(services.settler(), key, item.delivery, item.outcome)
         return {"action": settlement.action}
     if item is not None and item.status is LedgerStatus.REPORTED:
-        acknowledge(services, key, item.delivery)
+        acknowledge(services.settler(), key, item.delivery)
         return {"action": "acknowledged"}
     return {"action": "none", "status": str(item.status) if item else None}
 
@@ -465,7 +467,7 @@ def continue_as_new(services: Services, event: ContinueAsNewEvent, context: Lamb
             except LeaseRefusedError as refusal:
                 lost = outcomes.lease_lost(f"renewal refused: {refusal.reason}")
                 if store_if_owned(services.store, key, epoch, lost):
-                    discard(services, key, item.delivery, "lease lost while running")
+                    discard(services.settler(), key, item.delivery, "lease lost while running")
                 return {"handed_over": False}
             except ProtocolError as err:  # the next execution's acquire renews again
                 log.warning("lease renewal before the handover failed: %s", err)
