@@ -169,6 +169,15 @@ class Settings(BaseModel):
     executor_reserved_concurrency: int | None = Field(
         None, ge=1, description="Most executors running at once; the scheduler never pulls more. "
                                 "Locally: the executor thread pool's size.")
+    self_pull: bool = Field(
+        False, description="Executors keep pulling: one that finished a short job pulls the next for the same "
+                           "handler itself while pulls come back full and time and capacity allow, and a full "
+                           "pull makes the scheduler start more executors (docs/limits.md).")
+    self_pull_max_jobs: int = Field(100, ge=1, le=10000,
+                                    description="Most deliveries one executor invocation runs when it keeps pulling.")
+    self_pull_check_seconds: float = Field(
+        5.0, gt=0, description="How often an executor that keeps pulling re-reads the drain flag and the "
+                               "in-flight count.")
     report_margin_seconds: float = Field(  # kept free to store and report the outcome
         10, ge=0, description="Time kept free after the handler to store and report its outcome.")
     counters_flush_seconds: float = Field(

@@ -23,8 +23,10 @@ __all__ = ["ALIASES", "LAMBDA_ONLY", "NO_FLAG", "add_settings_flags", "add_worke
 
 # The key itself never goes on a command line (shell history, ps): --api-key-env names a variable.
 NO_FLAG = frozenset({"api_key"})
-# Set by the stack for its functions; the local command builds its own.
-LAMBDA_ONLY = frozenset({"executor_function_name", "state_machine_arn", "table_name", "schedule_seconds"})
+# Lambda only: set by the stack for its functions (the local command builds its own, and
+# its executors never pull for themselves).
+LAMBDA_ONLY = frozenset({"executor_function_name", "state_machine_arn", "table_name", "schedule_seconds",
+                         "self_pull", "self_pull_max_jobs", "self_pull_check_seconds"})
 # Shorter names the local command also accepts.
 ALIASES: dict[str, tuple[str, ...]] = {
     "base_url": ("--url",),

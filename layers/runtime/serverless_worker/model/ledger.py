@@ -38,3 +38,4 @@ class DispatchMode(StrEnum):
 
     INVOKE = "invoke"                # one async executor invocation
     STATE_MACHINE = "state_machine"  # one Step Functions execution (long-running handlers)
+    SELF_PULLED = "self"             # pulled, recorded and run by an executor that keeps pulling

@@ -38,6 +38,7 @@ from ..errors import (
 from ..model import Delivery
 from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
 from ..state.errors import UnrecordableDeliveryError
+from .capacity import capacity_limit
 from .context import LambdaContextLike
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
@@ -161,7 +162,7 @@ class Scheduler:
         return work (or capacity is full), the liveness mode's idle window otherwise."""
         services, settings, store = self.services, self.services.settings, self.services.store
         clock = services.clock
-        limit = self._capacity_limit()
+        limit = capacity_limit(self.services.settings)
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
         want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
         in_flight = store.count_in_flight(services.protocol_name, services.instance, live_at=clock())
@@ -271,15 +272,6 @@ class Scheduler:
         """
         start = self._next_handler % len(handlers) if handlers else 0
         return handlers[start:] + handlers[:start]
-
-    def _capacity_limit(self) -> int:
-        settings = self.services.settings
-        limit = settings.max_in_flight
-        if settings.executor_reserved_concurrency:
-            # Throttled async invocations wait and then come back as redeliveries: never
-            # pull more than the executor can run at once.
-            limit = min(limit, settings.executor_reserved_concurrency)
-        return int(limit)
 
     def _heartbeat(self, report: TickReport, *, state: str, force: bool = False) -> bool:
         services = self.services
