@@ -33,7 +33,6 @@ from ..errors import (
     RateLimitedError,
     ServerUnavailableError,
     SessionUnavailableError,
-    UnknownHandlerError,
 )
 from ..model import Delivery
 from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
@@ -42,6 +41,7 @@ from .capacity import capacity_limit
 from .context import LambdaContextLike
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
+from .pulling import criteria, discard_duplicate, long_running
 from .reaper import reap
 from .services import Services
 from .settle import hand_back, handback_epoch
@@ -312,7 +312,7 @@ class Scheduler:
             until_heartbeat = self._next_heartbeat - services.clock()
             wait = max(1.0, min(settings.wait_seconds_long_poll, left - 0.5, until_heartbeat) / handlers)
         request = PullRequest(handler=handler, max_items=room, wait_seconds=wait,
-                              criteria=self._criteria(handler))
+                              criteria=criteria(self.services, handler))
         with self._report_lock:  # parallel claims report from several threads
             report.pulls += 1
         asked_at = services.clock()
@@ -435,7 +435,7 @@ class Scheduler:
         return len(deliveries)
 
     def _mode(self, delivery: Delivery) -> str:
-        return "state_machine" if self._long_running(delivery.handler) else "invoke"
+        return "state_machine" if long_running(self.services, delivery.handler) else "invoke"
 
     def _dispatch_deadline(self) -> float:
         """When a delivery recorded now counts as stranded if no executor has claimed it."""
@@ -463,13 +463,7 @@ class Scheduler:
                     report.unsettled.append(f"job {delivery.job_id!a}: {why}")
             return result
         if key is None:
-            # The ledger already has this execution: a duplicate delivery. Settle it unrun.
-            try:
-                services.call(lambda p: p.discard(delivery))
-            except ProtocolError as err:
-                log.info("duplicate not acknowledged: %s", err)
-            services.events.add("job.duplicate_discarded", f"duplicate delivery of job {delivery.job_id}",
-                                job_id=delivery.job_id)
+            discard_duplicate(services, delivery)
             return "duplicate"
         return self._dispatch(delivery, key, mode, deadline)
 
@@ -494,23 +488,6 @@ class Scheduler:
                 log.warning("hand back after failed dispatch did not go through: %s", hand_err)
             return "failed_in_flight"
         return "dispatched"
-
-    def _criteria(self, handler: str) -> dict[str, Any] | None:
-        """SW_CRITERIA overrides what the handler declared with ``@handler(criteria=...)``."""
-        configured = (self.services.settings.criteria or {}).get(handler)
-        if configured is not None:
-            return dict(configured)
-        try:
-            declared = self.services.registry.get(handler).criteria
-        except UnknownHandlerError:  # the executor reports it as a failure
-            return None
-        return dict(declared) if declared else None
-
-    def _long_running(self, handler: str) -> bool:
-        try:
-            return bool(self.services.registry.get(handler).long_running)
-        except UnknownHandlerError:  # the executor reports it as a failure
-            return False
 
     def wake(self) -> None:
         """Heartbeat and re-read the control flags at the next turn of a running tick's loop,
