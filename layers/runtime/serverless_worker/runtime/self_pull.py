@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigurationError, ProtocolError, RateLimitedError, SessionExpiredError, UnknownHandlerError
-from ..model import Delivery, DispatchMode, LedgerStatus
+from ..model import Delivery, LedgerStatus
 from ..protocols.base import PullRequest, WorkerProtocol
 from ..state.errors import StaleWriteError, UnrecordableDeliveryError
 from ..state.items import LedgerItem
@@ -279,18 +279,11 @@ class SelfPull:
 
     def _record_running(self, delivery: Delivery, *, epoch: str, deadline: float,
                         settled_before: float | None) -> LedgerItem | None:
-        store, services = self.services.store, self.services
-        key = store.record_delivery(delivery, instance=services.instance, deadline=deadline,
-                                    dispatch_mode=DispatchMode.SELF_PULLED, again_after_hand_back=True,
-                                    settled_before=settled_before)
-        if key is None:
-            return None
-        item = store.start_run(key, epoch=epoch, deadline=deadline)
-        if item is None:
-            item = store.get(key)
-            if item is None or item.status is not LedgerStatus.OUTCOME_STORED:
-                return None
-        return item
+        """The scheduler's record and the claim in one write (``StateStore.record_running``),
+        under the same rules as the scheduler's deliveries."""
+        services = self.services
+        return services.store.record_running(delivery, instance=services.instance, epoch=epoch, deadline=deadline,
+                                             again_after_hand_back=True, settled_before=settled_before)
 
     def _deadline(self, now: float) -> float:
         """The run's own end (its budget, the report margin and slack), not the Lambda's:
@@ -342,16 +335,15 @@ class SelfPull:
         if record:
             claim = handback_epoch()
             try:
-                key = services.store.record_delivery(
-                    delivery, instance=services.instance, deadline=services.clock() + 60,
-                    dispatch_mode=DispatchMode.SELF_PULLED, again_after_hand_back=True)
-                if key is not None and services.store.start_run(key, epoch=claim,
-                                                                deadline=services.clock() + 60) is not None:
-                    hand_back(services.settler(), key, delivery, "not for this executor", epoch=claim)
-                    return
-                if key is None:
+                item = services.store.record_running(delivery, instance=services.instance, epoch=claim,
+                                                     deadline=services.clock() + 60, again_after_hand_back=True)
+                if item is None:
                     discard_duplicate(services, delivery)
-                    return
+                elif item.status is LedgerStatus.OUTCOME_STORED and item.outcome is not None:
+                    settle(services.settler(), item.key, delivery, item.outcome)  # forgotten: re-report
+                else:
+                    hand_back(services.settler(), item.key, delivery, "not for this executor", epoch=claim)
+                return
             except UnrecordableDeliveryError as err:
                 settle_unrecordable(services, delivery, err)
                 return
