@@ -369,10 +369,11 @@ class SelfPull:
 
 
 def keep_pulling(services: Services, context: LambdaContextLike, handler: str, *,
-                 first_full: bool) -> SelfPull:
+                 first_full: bool, taken: int = 1) -> SelfPull:
     """The loop for ``handler``, to pass its :meth:`SelfPull.settler` to the first delivery
-    (``first_full``: the pull that brought it came back full) and then :meth:`SelfPull.run`."""
-    return SelfPull(services, context, handler, last_full=first_full)
+    (``first_full``: the pull that brought it came back full; ``taken``: the deliveries this
+    invocation already has, 1 with the event's, 0 for a puller) and then :meth:`SelfPull.run`."""
+    return SelfPull(services, context, handler, last_full=first_full, done=taken)
 
 
 def _pull_noting_unaddressable(protocol: WorkerProtocol, request: PullRequest) -> list[Delivery]:
