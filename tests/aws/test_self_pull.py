@@ -98,10 +98,16 @@ def test_a_backlog_drains_with_fewer_invocations_than_jobs(worker_env: Any, runs
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_the_per_invocation_cap_holds(worker_env: Any, runs: Any, protocol: str) -> None:
+    from serverless_worker.runtime.metrics import metrics
+
     env = start(worker_env, protocol, 6, self_pull_max_jobs=3)
     key = recorded_by_the_scheduler(env)
+    before = dict(metrics.totals)
 
     result = env.stack.invoke("ExecutorFunction", {"ledger_key": key, "pull": True})
+
+    added = {name: metrics.totals[name] - before.get(name, 0) for name in ("Jobs_reported", "SelfPulled")}
+    assert added == {"Jobs_reported": 3, "SelfPulled": 2}  # Jobs_<action> once per delivery
 
     assert result["stopped"] == "cap" and [p["action"] for p in result["self_pulled"]] == ["reported"] * 2, result
     assert sum(runs.counts.values()) == 3 and pulls(env) == 3  # the scheduler's and two of its own

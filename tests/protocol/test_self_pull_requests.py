@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from serverless_worker.model import DispatchMode, LedgerStatus
+from serverless_worker.protocols.base import PullRequest
 from serverless_worker.registry import HandlerRegistry
 from serverless_worker.runtime.context import LocalContext
 from serverless_worker.runtime.executor import pull_for
@@ -136,3 +137,49 @@ def test_claimqueue_claims_with_the_handlers_criteria(
     assert claimed == {"gold": ["claim"], "silver": []}
     assert sorted((j["item"]["tier"], j["status"]) for j in jobs) == \
         [("gold", "finished")] * 3 + [("silver", "pending")] * 2
+
+
+def test_a_delivery_for_another_handler_is_handed_back_unstarted(
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
+        worker: Callable[..., Services]) -> None:
+    # A server that ignores the type asked for: the job it hands out is not this executor's
+    # to run. It is recorded under a hand-back claim, handed back, and the loop ends.
+    server = serve("priostack")
+    admin = admin_for(server)
+    admin.seed({"jobs": [{"type": "work", "variables": {"n": n}, "retries": 3} for n in range(2)]})
+    admin.faults([{"kind": "corrupt_delivery", "endpoint": "activate", "field": "type", "value": "other",
+                   "count": 1}])
+    services = worker("priostack", server.url)
+
+    result = puller(services)
+
+    assert result == {"handler": "work", "self_pulled": [], "stopped": "refused"}
+    assert admin.stats()["calls"]["activate"] == 1  # nothing pulled after it
+    assert services.store.count_in_flight(services.protocol_name, services.instance) == 0
+    jobs = admin.jobs()
+    assert sorted((len(j["activations"]), j["state"]) for j in jobs) == [(0, "waiting"), (1, "waiting")]
+    (handed,) = [j for j in jobs if j["activations"]]
+    # Failed back with its retries unchanged: handing back uses no attempt.
+    assert [(c["action"], c["body"]["retries"]) for c in handed["calls"]] == [("fail", 3)]
+
+
+def test_a_duplicate_is_discarded_unrun_and_the_loop_goes_on(
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
+        worker: Callable[..., Services]) -> None:
+    # The scheduler holds one item (recorded, its executor not started yet) when the server
+    # hands the same item to a pulling executor: the ledger refuses it as a duplicate.
+    server = serve("claimqueue")
+    admin = admin_for(server)
+    admin.seed({"queue": "work", "items": [{**GOLD, "n": n} for n in range(3)]})
+    services = worker("claimqueue", server.url)
+    (held,) = services.call(lambda p: p.pull(PullRequest(handler="work", max_items=1, criteria=GOLD)))
+    held_key = services.store.record_delivery(held, instance=services.instance, deadline=time.time() + 60,
+                                              dispatch_mode=DispatchMode.INVOKE)
+    admin.faults([{"kind": "duplicate_delivery", "endpoint": "claim", "count": 1}])
+
+    result = puller(services)
+
+    assert [p["action"] for p in result["self_pulled"]] == ["reported"] * 2 and result["stopped"] == "empty", result
+    assert admin.stats()["calls"]["claim"] == 1 + 4  # the scheduler's; the duplicate, two jobs, the empty one
+    item = services.store.get(str(held_key))
+    assert item is not None and item.status is LedgerStatus.RECORDED and item.redelivered

@@ -128,9 +128,13 @@ class SelfPull:
     _control: Mapping[str, Any] = field(default_factory=dict)
     _in_flight: int = 0
     _session: Any = None
+    _lambda_limit: float = 0.0
 
     def __post_init__(self) -> None:
         self._session = self._held_session()
+        # The invocation's whole time, as the first delivery's run sees it: whether a handler
+        # can never fit is judged against it, never against what a late run has left.
+        self._lambda_limit = self._remaining()
 
     # -- what the executor calls -----------------------------------------------------
     def settler(self) -> Settler:
@@ -304,7 +308,7 @@ class SelfPull:
                 settlement = settle(self.settler(), key, delivery, item.outcome)
             else:
                 settlement = deliver(services, key, delivery, epoch=pulled.epoch, remaining=self._remaining,
-                                     settler=self.settler())
+                                     lambda_limit=self._lambda_limit, settler=self.settler())
             action = settlement.action
             self.after(settlement)
         except StaleWriteError:
