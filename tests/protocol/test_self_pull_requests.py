@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
-from serverless_worker.model import DispatchMode, LedgerStatus
+from serverless_worker.model import DispatchMode, LedgerStatus, Outcome, OutcomeKind, ReportReceipt
 from serverless_worker.protocols.base import PullRequest
 from serverless_worker.registry import HandlerRegistry
 from serverless_worker.runtime.context import LocalContext
@@ -183,3 +184,31 @@ def test_a_duplicate_is_discarded_unrun_and_the_loop_goes_on(
     assert admin.stats()["calls"]["claim"] == 1 + 4  # the scheduler's; the duplicate, two jobs, the empty one
     item = services.store.get(str(held_key))
     assert item is not None and item.status is LedgerStatus.RECORDED and item.redelivered
+
+
+def test_a_forgotten_job_coming_back_is_re_reported_never_run(
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
+        worker: Callable[..., Services]) -> None:
+    # Our outcome for the job is stored, and the server answered "not found" when it was
+    # reported (it forgot the job); after its restart the job comes back to a pulling executor.
+    server = serve("priostack")
+    admin = admin_for(server)
+    admin.seed({"jobs": [{"type": "work", "variables": {"n": 1}, "retries": 3}]})
+    services = worker("priostack", server.url)
+    (job,) = services.call(lambda p: p.pull(PullRequest(handler="work", max_items=1)))
+    store = services.store
+    key = store.record_delivery(job, instance=services.instance, deadline=time.time() + 60,
+                                dispatch_mode=DispatchMode.INVOKE)
+    assert key is not None and store.start_run(key, epoch="first-run", deadline=time.time() + 60) is not None
+    store.store_outcome(key, "first-run", Outcome(kind=OutcomeKind.SUCCESS, value={"stored": True}))
+    store.mark_acknowledged(key, ReportReceipt(accepted=False, status="not_found"))
+    requests.post(f"{server.url}/_admin/restart", timeout=5).raise_for_status()
+
+    result = puller(services)
+
+    assert result["self_pulled"] == [{"ledger_key": key, "action": "reported"}], result
+    (back,) = admin.jobs()
+    assert back["state"] == "completed" and len(back["activations"]) == 2
+    # The stored outcome went out, not a second run's ({"done": ...}).
+    assert [(c["action"], c["body"]) for c in back["calls"] if c.get("applied")] == \
+        [("complete", {"variables": {"stored": True}})]
