@@ -212,3 +212,60 @@ def test_a_forgotten_job_coming_back_is_re_reported_never_run(
     # The stored outcome went out, not a second run's ({"done": ...}).
     assert [(c["action"], c["body"]) for c in back["calls"] if c.get("applied")] == \
         [("complete", {"variables": {"stored": True}})]
+
+
+@pytest.mark.parametrize(("fault", "reason"), [
+    pytest.param({"kind": "rate_limit", "retry_after": 30}, "rate_limited", id="429"),
+    pytest.param({"kind": "error_5xx", "status": 503}, "pull_error", id="503"),
+])
+def test_a_failed_pull_stops_the_loop_without_waiting(
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
+        worker: Callable[..., Services], fault: dict[str, Any], reason: str) -> None:
+    server = serve("claimqueue")
+    admin = admin_for(server)
+    admin.seed({"queue": "work", "items": [GOLD]})
+    admin.faults([{**fault, "endpoint": "claim"}])
+    services = worker("claimqueue", server.url)
+    waits: list[float] = []
+    services.sleep = waits.append
+
+    result = puller(services)
+
+    assert result == {"handler": "work", "self_pulled": [], "stopped": reason}
+    assert admin.stats()["calls"]["claim"] == 1 and waits == []  # one call, never retried nor slept on
+
+
+def test_pipelogiq_stops_once_the_session_is_replaced(
+        serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
+        tmp_path: Path) -> None:
+    # At the second run our clock passes the session's expiry: the calls settling that run
+    # renew it (as any executor's calls do), and the loop, which pulls only with the session
+    # it began with, stops rather than pull under another.
+    server = serve("pipelogiq")
+    admin = admin_for(server)
+    admin.seed({"handler": "work", "inputs": [{"n": n} for n in range(5)]})
+    ahead = [0.0]
+    runs: list[int] = []
+
+    def work(job: Any) -> Any:
+        runs.append(1)
+        if len(runs) == 2:
+            ahead[0] = 10 * 86400.0
+        return {"n": job.input}
+
+    registry = HandlerRegistry()
+    registry.handler("work", timeout=5)(work)
+    store = SqliteStateStore(tmp_path / "session.sqlite3")
+    settings = Settings(protocol="pipelogiq", base_url=server.url, api_key=CREDENTIALS["pipelogiq"],
+                        instance_id="self-pull", handlers=["work"], max_in_flight=5, self_pull=True)
+    services = Services(settings=settings, store=store, registry=registry, clock=lambda: time.time() + ahead[0])
+    try:
+        services.ensure_session()
+        result = puller(services)
+    finally:
+        services.close()
+        store.close()
+
+    assert result["stopped"] == "session" and len(runs) == 2, result
+    assert [p["action"] for p in result["self_pulled"]] == ["reported"] * 2
+    assert len(admin.overview()["pulls"]) == 2  # none after the session changed

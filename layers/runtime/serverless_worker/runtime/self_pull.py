@@ -129,6 +129,7 @@ class SelfPull:
     _in_flight: int = 0
     _session: Any = None
     _lambda_limit: float = 0.0
+    _pull_error: str | None = None  # "rate_limited", "session" or "pull_error": the last pull raised
 
     def __post_init__(self) -> None:
         self._session = self._held_session()
@@ -191,7 +192,7 @@ class SelfPull:
             self._stop("pull_error")
             raise
 
-    def _facts(self, *, pull_error: str | None = None) -> Facts:
+    def _facts(self) -> Facts:
         services, settings = self.services, self.services.settings
         now = services.clock()
         if self.new_slot or now - self._checked_at >= settings.self_pull_check_seconds:
@@ -207,7 +208,8 @@ class SelfPull:
                      report_margin=settings.report_margin_seconds, done=self.done,
                      max_jobs=settings.self_pull_max_jobs, control=self._control, handler=self.handler,
                      in_flight=self._in_flight, limit=capacity_limit(settings), new_slot=self.new_slot,
-                     session_ok=self._session_ok(), pull_error=pull_error)
+                     session_ok=self._pull_error != "session" and self._session_ok(),
+                     pull_error=self._pull_error if self._pull_error != "session" else None)
 
     def _session_ok(self) -> bool:
         """A fresh stored session, never a bootstrap (Pipelogiq), and the same one this loop began with."""
@@ -232,23 +234,24 @@ class SelfPull:
         services = self.services
         request = PullRequest(handler=self.handler, max_items=1, wait_seconds=0,
                               criteria=criteria(services, self.handler))
+        # Each error ends the loop (stop_reason), none is waited on: pacing and back-off
+        # are the scheduler's.
         try:
             deliveries = services.call(lambda p: _pull_noting_unaddressable(p, request))
         except RateLimitedError as err:
             log.info("self-pull rate limited: %s", err)
-            self._stop("rate_limited")
+            self._pull_error = "rate_limited"
             return
         except SessionExpiredError as err:
-            log.info("self-pull stopped, worker session rejected: %s", err)
-            self._stop("session")
+            log.info("self-pull: worker session rejected: %s", err)
+            self._pull_error = "session"
             return
         except (ProtocolError, ConfigurationError) as err:
-            log.warning("self-pull stopped, pull failed: %s", err)
-            self._stop("pull_error")
+            log.warning("self-pull: pull failed: %s", err)
+            self._pull_error = "pull_error"
             return
         self.last_full = len(deliveries) >= 1
         if not deliveries:
-            self._stop("empty")
             return
         for extra in deliveries[1:]:  # never more than asked; a server that sends more gets them back
             self._give_back(extra)
