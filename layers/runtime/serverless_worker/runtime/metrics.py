@@ -34,8 +34,11 @@ METRIC_NAMES: frozenset[str] = frozenset({
     # the scheduler, once per tick (entry.scheduler_tick)
     "SuccessfulPolls", "DeliveriesPulled", "DeliveriesDispatched", "DuplicatesDiscarded", "DispatchFailed",
     "StrandedReaped",
+    "PullersStarted",    # executors started to pull their own deliveries (setting self_pull)
     # the executor, once per delivery (entry.execute_delivery)
     *(f"Jobs_{action}" for action in EXECUTOR_ACTIONS),
+    "SelfPulled",        # a delivery an executor pulled and recorded itself (setting self_pull)
+    "PullersLate",       # a puller started after its ``by``: it pulled nothing
     # as they happen
     "LeasesLost",        # lease.py, steps.py: a running job's renewal was refused or expired
     "HandlerCannotFit",  # fit.py: a handler's timeout can never fit its lease and Lambda limits
