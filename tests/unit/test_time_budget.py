@@ -68,3 +68,18 @@ def test_a_nan_budget_is_not_above_zero_so_the_handler_is_not_started() -> None:
 
 def _spec(timeout: float | None) -> HandlerSpec:
     return HandlerSpec(name="resize", fn=lambda job: None, timeout=timeout)
+
+
+@pytest.mark.parametrize(("remaining", "next_budget", "margin", "fits"), [
+    pytest.param(42, 30, 10, True, id="budget-margin-and-pull-allowance-exactly"),
+    pytest.param(41.9, 30, 10, False, id="short-of-the-pull-allowance"),
+    pytest.param(900, 30, 10, True, id="plenty-left"),
+    pytest.param(12, 0, 10, True, id="a-zero-budget-still-needs-margin-and-allowance"),
+    pytest.param(11.9, 0, 10, False, id="under-margin-and-allowance"),
+])
+def test_self_pull_fits_the_next_budget_the_margin_and_the_pull(remaining: float, next_budget: float,
+                                                                margin: float, fits: bool) -> None:
+    from serverless_worker.runtime.budget import PULL_ALLOWANCE_SECONDS, self_pull_fits
+
+    assert PULL_ALLOWANCE_SECONDS == 2.0
+    assert self_pull_fits(remaining_lambda=remaining, next_budget=next_budget, report_margin=margin) is fits

@@ -15,8 +15,8 @@ from ..model import Delivery, Lease
 if TYPE_CHECKING:
     from ..registry import HandlerSpec
 
-__all__ = ["LEASE_MARGIN_SECONDS", "MIN_RUN_SECONDS", "budget_fits", "callback_budget", "lapsed_at_grant",
-           "lease_room", "never_fits", "time_budget"]
+__all__ = ["LEASE_MARGIN_SECONDS", "MIN_RUN_SECONDS", "PULL_ALLOWANCE_SECONDS", "budget_fits", "callback_budget",
+           "lapsed_at_grant", "lease_room", "never_fits", "self_pull_fits", "time_budget"]
 
 # A run under a lease that cannot be renewed stops this long before the lease lapses: past
 # the lapse the server may hand the job to someone else.
@@ -25,6 +25,10 @@ LEASE_MARGIN_SECONDS = 2.0
 # The least time a handler run may start with (``budget_fits``), and so the least a lease
 # just granted must have left for a run to start under it (``lapsed_at_grant``).
 MIN_RUN_SECONDS = 1.0
+
+# What an executor that keeps pulling spends before the next handler starts: the pull, the
+# ledger write that records the delivery and the lease.
+PULL_ALLOWANCE_SECONDS = 2.0
 
 
 def lease_room(lease: Lease | None, since: float) -> float | None:
@@ -54,6 +58,14 @@ def budget_fits(budget: float, handler_timeout: float | None) -> bool:
     """Whether a run of ``budget`` seconds may start: at least a second, and not less than
     the handler's declared timeout (a shorter run is handed back rather than cut short)."""
     return not (budget < MIN_RUN_SECONDS or (handler_timeout is not None and budget < handler_timeout))
+
+
+def self_pull_fits(*, remaining_lambda: float, next_budget: float, report_margin: float,
+                   allowance: float = PULL_ALLOWANCE_SECONDS) -> bool:
+    """Whether an executor may pull one more delivery: its remaining time must hold the next
+    handler's whole budget, the report margin after it and the pull before it, so a delivery
+    it takes is never handed back for lack of time (docs/limits.md)."""
+    return remaining_lambda >= next_budget + report_margin + allowance
 
 
 def callback_budget(*, remaining_lambda: float, report_margin: float) -> float:

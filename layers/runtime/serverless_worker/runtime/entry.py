@@ -147,22 +147,41 @@ def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[st
 
 @_clear_errors
 def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-    from .executor import execute
+    """One delivery (``{"ledger_key": k}``), then more pulled for its handler where the
+    event says the scheduler's pull came back full (``"pull": true``); or a puller
+    (``{"pull": {"handler": h, "by": t}}``). With ``self_pull`` off, only the ledger key counts."""
+    from .executor import execute, pull_for
     from .retry_owners import CLIENT_RETRIED
 
-    key = event.get("ledger_key") if isinstance(event, dict) else None
-    if not isinstance(key, str) or not key:
-        raise ConfigurationError("executor event must be {\"ledger_key\": \"...\"}")
-    try:
-        result = execute(services_from_environment(), key, context)
-    except CLIENT_RETRIED as err:
-        # The client retried the call as long as it could and gave up; the settling call is
-        # noted on the ledger item, where the reaper takes it up at the noted time. Raising
-        # would only have Lambda retry the same call again (docs/retries.md).
-        log.warning("delivery %s left to the reaper: %s", key, err)
-        result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
+    services = services_from_environment()
+    event = event if isinstance(event, dict) else {}
+    key, pull = event.get("ledger_key"), event.get("pull")
     m = _metrics()
-    m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
+    if isinstance(pull, dict) and not key:
+        handler, by = pull.get("handler"), pull.get("by")
+        if not isinstance(handler, str) or not handler or isinstance(by, bool) or not isinstance(by, int | float):
+            raise ConfigurationError("puller event must be {\"pull\": {\"handler\": \"...\", \"by\": <epoch seconds>}}")
+        if not services.settings.self_pull:
+            log.warning("puller event for %s ignored: self_pull is off", handler)
+            return {"handler": handler, "action": "skipped", "stopped": "off"}
+        result = pull_for(services, handler, float(by), context)
+        if result.get("action") == "late":
+            m.add("PullersLate", 1)
+    elif isinstance(key, str) and key:
+        try:
+            result = execute(services, key, context, pull=pull is True and services.settings.self_pull)
+        except CLIENT_RETRIED as err:
+            # The client retried the call as long as it could and gave up; the settling call is
+            # noted on the ledger item, where the reaper takes it up at the noted time. Raising
+            # would only have Lambda retry the same call again (docs/retries.md).
+            log.warning("delivery %s left to the reaper: %s", key, err)
+            result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
+        m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
+    else:
+        raise ConfigurationError("executor event must be {\"ledger_key\": \"...\"}")
+    for pulled in result.get("self_pulled") or ():
+        m.add(f"Jobs_{pulled['action']}", 1)
+        m.add("SelfPulled", 1)
     m.flush()
     return result
 

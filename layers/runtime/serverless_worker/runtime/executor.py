@@ -25,16 +25,23 @@ from ..state.errors import StaleWriteError
 from . import outcomes
 from .context import LambdaContextLike
 from .pipeline import claim, deliver
+from .pulling import long_running
+from .self_pull import SelfPull, keep_pulling
 from .services import Services
 from .settle import acknowledge, settle
 
-__all__ = ["execute", "resume"]
+__all__ = ["execute", "pull_for", "resume"]
 
 log = logging.getLogger("serverless_worker.executor")
 
 
-def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> dict[str, Any]:
-    """Executor entry: claim the delivery behind ``ledger_key`` and run it once (``pipeline.deliver``)."""
+def execute(services: Services, ledger_key: str, context: LambdaContextLike, *,
+            pull: bool = False) -> dict[str, Any]:
+    """Executor entry: claim the delivery behind ``ledger_key`` and run it once (``pipeline.deliver``).
+
+    With ``pull`` (the scheduler's pull that brought it came back full) and ``self_pull`` on,
+    the executor then keeps pulling for the same handler (``runtime/self_pull.py``); the
+    result adds ``self_pulled`` and ``stopped``."""
     now = services.clock()
     remaining = context.get_remaining_time_in_millis() / 1000  # ~ the invocation's whole timeout
     with services.flushing_events():
@@ -49,18 +56,60 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike) -> 
             services.store.store_outcome(ledger_key, context.aws_request_id, outcome)
             settlement = settle(services.settler(), ledger_key, item.delivery, outcome)
             return {"ledger_key": ledger_key, "action": settlement.action, "detail": "executor lost"}
+        loop = _loop(services, context, item.delivery.handler) if pull else None
         try:
             settlement = deliver(services, ledger_key, item.delivery, epoch=context.aws_request_id,
                                  remaining=lambda: context.get_remaining_time_in_millis() / 1000,
-                                 lambda_limit=remaining)
+                                 lambda_limit=remaining, settler=loop.settler() if loop is not None else None)
         except StaleWriteError:
             # The reaper (or a newer run) took the delivery over while this run was still
             # going, and has given it its outcome: ours must not be stored or reported. That
             # is settled, not a failure; raising would only make Lambda retry the event.
             log.warning("run of %s was taken over before its outcome was stored; outcome dropped",
                         ledger_key)
-            return {"ledger_key": ledger_key, "action": "superseded"}
-        return {"ledger_key": ledger_key, "action": settlement.action, "detail": settlement.detail}
+            return {"ledger_key": ledger_key, "action": "superseded", **_ended(loop, "superseded")}
+        except BaseException:
+            _ended(loop, "pull_error")
+            raise
+        result: dict[str, Any] = {"ledger_key": ledger_key, "action": settlement.action,
+                                  "detail": settlement.detail}
+        if loop is not None:
+            loop.after(settlement)
+            loop.run()
+            result.update(self_pulled=loop.self_pulled, stopped=loop.stopped)
+        return result
+
+
+def pull_for(services: Services, handler: str, by: float, context: LambdaContextLike) -> dict[str, Any]:
+    """A puller (started by the scheduler after a full pull): pull for ``handler`` while
+    the backlog lasts, taking its first slot only while one is free; invoked after ``by``
+    (its reservation lapsed), it does nothing."""
+    if services.clock() > by:
+        log.info("puller for %s invoked after its reservation ended; not pulling", handler)
+        return {"handler": handler, "action": "late"}
+    with services.flushing_events():
+        loop = _loop(services, context, handler)
+        if loop is None:
+            return {"handler": handler, "self_pulled": [], "stopped": "refused"}
+        loop.first()
+        loop.run()
+        return {"handler": handler, "self_pulled": loop.self_pulled, "stopped": loop.stopped}
+
+
+def _loop(services: Services, context: LambdaContextLike, handler: str) -> SelfPull | None:
+    """The self-pull loop for ``handler``: none with ``self_pull`` off (today's executor
+    exactly), nor for a long-running handler (those go to the state machine)."""
+    if not services.settings.self_pull or long_running(services, handler):
+        return None
+    return keep_pulling(services, context, handler, first_full=True)
+
+
+def _ended(loop: SelfPull | None, reason: str) -> dict[str, Any]:
+    """End ``loop`` early (its delivery failed): hand back what it pulled and not run."""
+    if loop is None:
+        return {}
+    loop.end(reason)
+    return {"self_pulled": loop.self_pulled, "stopped": loop.stopped}
 
 
 def resume(services: Services, ledger_key: str) -> dict[str, Any]:

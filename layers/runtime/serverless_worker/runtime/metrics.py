@@ -29,6 +29,7 @@ EXECUTOR_ACTIONS: tuple[str, ...] = (
     "reported", "handed_back", "discarded",
     "acknowledged", "superseded", "missing", "skipped", "unknown",
     "deferred",  # a call retried inside already failed; the ledger item holds it for the reaper
+    "late",      # a puller invoked after its reservation ended: no delivery (counted as PullersLate)
 )
 METRIC_NAMES: frozenset[str] = frozenset({
     # the scheduler, once per tick (entry.scheduler_tick)
@@ -36,6 +37,8 @@ METRIC_NAMES: frozenset[str] = frozenset({
     "StrandedReaped",
     # the executor, once per delivery (entry.execute_delivery)
     *(f"Jobs_{action}" for action in EXECUTOR_ACTIONS),
+    "SelfPulled",        # one per delivery an executor pulled itself (runtime/self_pull.py)
+    "PullersLate",       # a puller invoked after its reservation ended, so it did not pull
     # as they happen
     "LeasesLost",        # lease.py, steps.py: a running job's renewal was refused or expired
     "HandlerCannotFit",  # fit.py: a handler's timeout can never fit its lease and Lambda limits

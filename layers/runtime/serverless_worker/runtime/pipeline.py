@@ -28,7 +28,7 @@ from .fit import report_unfit
 from .lease import LeaseKeeper
 from .progress import progress_reporter
 from .protocol_client import ProtocolCaller
-from .settle import Settlement, discard, hand_back, settle
+from .settle import Settlement, Settler, discard, hand_back, settle
 
 if TYPE_CHECKING:
     from ..registry import HandlerRegistry, HandlerSpec
@@ -137,10 +137,11 @@ def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
 
 # -- the executor's sequence, in one go --------------------------------------------------------------
 def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, remaining: Callable[[], float],
-            lambda_limit: float | None = None) -> Settlement:
+            lambda_limit: float | None = None, settler: Settler | None = None) -> Settlement:
     """Lease, size the budget, run, store, settle a delivery this invocation has claimed
     (status RUNNING, our epoch). A job handed back or refused before waits out its back-off
-    first (``runtime/refusals.py``)."""
+    first (``runtime/refusals.py``). ``settler`` settles a run's outcome (``services.settler()``
+    unless given: an executor that keeps pulling passes one with its ``before_final`` hook)."""
     settings = services.settings
     pause = services.refusals.pause(delivery, remaining=remaining() - settings.report_margin_seconds,
                                     now=services.clock())
@@ -185,7 +186,7 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
     services.refusals.went_through(delivery)
     outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget),
                             delivery=delivery)
-    return settle(services.settler(), key, delivery, outcome)
+    return settle(settler or services.settler(), key, delivery, outcome)
 
 
 def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease, budget: float) -> Outcome:

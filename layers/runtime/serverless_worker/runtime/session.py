@@ -78,8 +78,11 @@ class SessionKeeper:
     def session(self) -> SessionState | None:
         return self._session
 
-    def ensure(self, protocol: WorkerProtocol) -> SessionState | None:
-        """Give ``protocol`` a session that will not expire within the margin."""
+    def ensure(self, protocol: WorkerProtocol, *, bootstrap: bool = True) -> SessionState | None:
+        """Give ``protocol`` a session that will not expire within the margin. With
+        ``bootstrap=False`` only a fresh session already held or stored is used, ``None``
+        otherwise: an executor that keeps pulling never bootstraps, which would replace the
+        token every other container of the instance uses."""
         if not protocol.needs_session:
             return None
         with self._mutex:
@@ -92,6 +95,8 @@ class SessionKeeper:
                 if self._fresh(self._session):
                     protocol.use_session(self._session)
                     return self._session
+            if not bootstrap:
+                return None
             return self._bootstrap(protocol, stale=self._session)
 
     def recover(self, protocol: WorkerProtocol, failed: SessionState | None = None) -> SessionState | None:

@@ -75,6 +75,10 @@ class Settler:
     counters: Callable[[], Counting]
     clock: Callable[[], float]
     watcher: DeliveryWatcher | None = None
+    # Runs after the protocol's ack and before the final ledger write: an executor that
+    # keeps pulling takes its next delivery there, so its slot never shows free between
+    # the two (runtime/self_pull.py). A raising hook is logged; the final write still happens.
+    before_final: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,18 @@ def _acknowledge(settler: Settler, key: str, delivery: Delivery, *,
                                 level="WARN", job_id=delivery.job_id)
             if receipt is not None:
                 receipt = receipt.model_copy(update={"detail": {**receipt.detail, "reconciled": read}})
+    _before_final(settler)
     return settler.store.mark_acknowledged(key, receipt, wait=wait)
+
+
+def _before_final(settler: Settler) -> None:
+    """The settler's ``before_final`` hook, if any; its failure never blocks the final write."""
+    if settler.before_final is None:
+        return
+    try:
+        settler.before_final()
+    except Exception:
+        log.exception("before-final hook failed; writing the final state anyway")
 
 
 def hand_back(settler: Settler, key: str, delivery: Delivery, reason: str, *,

@@ -240,8 +240,36 @@ class StateStore(ABC):
         A delivery no item can ever hold (content or id, ``items.recordable``; past the item
         limit) raises ``UnrecordableDeliveryError`` and nothing is written.
         """
+        recorded = self._record("record_delivery", delivery, instance=instance, deadline=deadline,
+                                dispatch_mode=dispatch_mode, again_after_hand_back=again_after_hand_back,
+                                settled_before=settled_before)
+        return recorded[0] if recorded is not None else None
+
+    def record_running(self, delivery: Delivery, *, instance: str, epoch: str, deadline: float,
+                       again_after_hand_back: bool = False, settled_before: float | None = None) -> LedgerItem | None:
+        """Record a delivery an executor pulled itself straight into ``RUNNING`` under its run
+        ``epoch`` until ``deadline``: the scheduler's record and the run's claim (``start_run``)
+        in one conditional put, so the self-pull path pays no separate claim write.
+
+        The conditions are ``record_delivery``'s (same flags, same errors, nothing written
+        when it raises); the item is mode ``self`` and in the in-flight index, so capacity,
+        the reaper and the drain treat it as any run. Returns the item as ``start_run`` does;
+        ``None`` for a duplicate (its redelivery noted): discard the copy unrun. A job the
+        server forgot comes back ``OUTCOME_STORED`` with our stored outcome: re-report it,
+        never run the handler again."""
+        recorded = self._record("record_running", delivery, instance=instance, deadline=deadline,
+                                dispatch_mode=DispatchMode.SELF_PULLED, again_after_hand_back=again_after_hand_back,
+                                settled_before=settled_before, epoch=epoch)
+        return LedgerItem.from_attributes(recorded[1]) if recorded is not None else None
+
+    def _record(self, write: str, delivery: Delivery, *, instance: str, deadline: float,
+                dispatch_mode: DispatchMode | str, again_after_hand_back: bool, settled_before: float | None,
+                epoch: str | None = None) -> tuple[str, dict[str, Any]] | None:
+        """The one body of the recording writes (``rules._recording_rows``): the key and the
+        item as written, or ``None`` for a duplicate. With ``epoch`` the item is the run's
+        (``RUNNING``), else ``RECORDED``."""
         now = self._clock()
-        key, item = self._new_ledger_item(delivery, instance, deadline, dispatch_mode, now)
+        key, item = self._new_ledger_item(delivery, instance, deadline, dispatch_mode, now, epoch=epoch)
         replace_if = rules.recording_condition(again_after_hand_back, settled_before is not None)
         values = {"now": now, "settled_before": settled_before}
         try:
@@ -250,7 +278,7 @@ class StateStore(ABC):
             raise DeliveryTooLargeError(delivery.job_id, err) from None
         if old is None:
             log.info("duplicate delivery %s: already in the ledger", key)
-            noted = self._move(key, "record_delivery", rules.CASE_RECORD_DUPLICATE,
+            noted = self._move(key, write, rules.CASE_RECORD_DUPLICATE,
                                Update().set(redelivered=True, updated_at=self._clock()))
             if noted or not (again_after_hand_back or settled_before is not None):
                 return None
@@ -261,10 +289,17 @@ class StateStore(ABC):
         if old.get("unknown_to_server") and old.get("outcome") is not None:
             # A job the server forgot comes back with our outcome already stored: keep it, so
             # the executor re-reports it instead of running the handler a second time.
-            self._move(key, "record_delivery", rules.CASE_RECORD_FORGOTTEN,
-                       Update().set(outcome=old["outcome"], status=LedgerStatus.OUTCOME_STORED.value,
-                                    updated_at=self._clock()))
-        return key
+            update = Update().set(outcome=old["outcome"], status=LedgerStatus.OUTCOME_STORED.value,
+                                  updated_at=self._clock())
+            if epoch is None:
+                self._move(key, write, rules.CASE_RECORD_FORGOTTEN, update)
+                return key, item
+            kept = self._apply(key, write, rules.CASE_RECORD_FORGOTTEN, update, {"epoch": epoch}, returns="new",
+                               what="the ledger item")
+            if kept is None:
+                return None  # another run took it over in between: not ours to report
+            return key, kept
+        return key, item
 
     def record_new(self, deliveries: Sequence[tuple[Delivery, DispatchMode | str]], *, instance: str,
                    deadline: float) -> list[str | None]:
@@ -288,12 +323,16 @@ class StateStore(ABC):
         return keys
 
     def _new_ledger_item(self, delivery: Delivery, instance: str, deadline: float,
-                         dispatch_mode: DispatchMode | str, now: float) -> tuple[str, dict[str, Any]]:
-        """The key and new item of ``delivery``; UnrecordableDeliveryError when it has none."""
+                         dispatch_mode: DispatchMode | str, now: float,
+                         epoch: str | None = None) -> tuple[str, dict[str, Any]]:
+        """The key and new item of ``delivery`` (with ``epoch``: already running under it);
+        UnrecordableDeliveryError when it has none."""
         key, record = recordable(delivery)
         packed = self._pack_delivery(record, delivery.job_id)
+        run: dict[str, Any] = {} if epoch is None else {
+            "status": LedgerStatus.RUNNING, "epoch": epoch, "runs": 1, "started_at": now}
         item = recorded_attributes(key, delivery, packed_delivery=packed, instance=instance, deadline=deadline,
-                                   dispatch_mode=dispatch_mode, now=now)
+                                   dispatch_mode=dispatch_mode, now=now, **run)
         return key, {name: value for name, value in item.items() if value is not None}
 
     def mark_dispatched(self, key: str) -> bool:

@@ -45,14 +45,20 @@ __all__ = [
 
 
 def recorded_attributes(key: str, delivery: Delivery, *, packed_delivery: Any, instance: str, deadline: float,
-                        dispatch_mode: DispatchMode | str, now: float) -> dict[str, Any]:
+                        dispatch_mode: DispatchMode | str, now: float,
+                        status: LedgerStatus = LedgerStatus.RECORDED, epoch: str | None = None, runs: int = 0,
+                        started_at: float | None = None) -> dict[str, Any]:
     """A delivery's new ledger item, as each backend records it. ``packed_delivery`` is the
-    delivery as the backend keeps documents (deflated in DynamoDB, JSON text in SQLite)."""
+    delivery as the backend keeps documents (deflated in DynamoDB, JSON text in SQLite).
+    Recorded by the scheduler it is ``RECORDED``; by an executor that pulled it itself it is
+    already ``RUNNING`` under that run's ``epoch`` (``runs=1``, ``started_at``). ``None``
+    values are for the caller to leave out."""
     return {
-        PK: key, SK: sort_key_for(key), "status": LedgerStatus.RECORDED.value, "delivery": packed_delivery,
+        PK: key, SK: sort_key_for(key), "status": LedgerStatus(status).value, "delivery": packed_delivery,
         "protocol": delivery.protocol, "handler": delivery.handler, "instance": instance,
-        "attempt": delivery.attempt, "dispatch_mode": DispatchMode(dispatch_mode).value, "runs": 0,
-        "recorded_at": now, "updated_at": now, SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
+        "attempt": delivery.attempt, "dispatch_mode": DispatchMode(dispatch_mode).value, "epoch": epoch,
+        "runs": runs, "recorded_at": now, "updated_at": now, "started_at": started_at,
+        SCOPE: scope_of(delivery.protocol, instance), DEADLINE: deadline,
     }
 
 

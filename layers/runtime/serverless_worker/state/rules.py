@@ -84,7 +84,7 @@ EXPIRED = Compare(TTL, "<", Param("now"))
 
 # Cases of a write that has more than one row (the table's second column).
 CASE_RECORD_NEW = "a new delivery"
-CASE_RECORD_AGAIN = "`again_after_hand_back` (the scheduler always asks)"
+CASE_RECORD_AGAIN = "`again_after_hand_back` (the runtime always asks)"
 CASE_RECORD_SETTLED_BEFORE = "`settled_before` (protocols whose settled ids return as new)"
 CASE_RECORD_DUPLICATE = "a duplicate: note `redelivered`"
 CASE_RECORD_FORGOTTEN = "a forgotten job's stored outcome kept"
@@ -110,25 +110,38 @@ class Transition:
     creates: bool = False
 
 
+# When a delivery may be recorded over a stored item, written once for both recording writes
+# (``record_delivery``, the scheduler's; ``record_running``, an executor's that pulled it itself).
+# Also while a hand-back is still in progress (its claim's epoch says so): the server may
+# redeliver before the hand-back's own ledger write lands, and that delivery is the job
+# coming back; or a job whose report the server answered "not found" (a Priostack restart
+# forgot the activation): it comes back under the same key and must not be dropped.
+RECORD_AGAIN = (status_in(S.HANDED_BACK) | (status_in(S.RUNNING) & StartsWith("epoch", HANDBACK_EPOCH_PREFIX))
+                | Compare("unknown_to_server", "=", True))
+# The server handed out the id after it had our outcome, which it does only once it
+# forgot it (reset): new work.
+RECORD_SETTLED_BEFORE = status_in(S.ACKNOWLEDGED, S.DISCARDED) & Compare("updated_at", "<", Param("settled_before"))
+
+
+def _recording_rows(write: str, to: LedgerStatus, forgotten_from: Condition, kept: str) -> tuple[Transition, ...]:
+    """One recording write's rows: the same conditions for both writes, each into its own
+    status; a forgotten job's outcome is then kept by a second write fenced by ``forgotten_from``."""
+    return (
+        Transition(write, CASE_RECORD_NEW, EXPIRED, to, "`None`: a duplicate", creates=True),
+        Transition(write, CASE_RECORD_AGAIN, RECORD_AGAIN, to, "`None`: a duplicate", creates=True),
+        Transition(write, CASE_RECORD_SETTLED_BEFORE, RECORD_SETTLED_BEFORE, to, "`None`: a duplicate",
+                   creates=True),
+        # A duplicate while in flight is noted: a report the server then answers "not found" must be sent again.
+        Transition(write, CASE_RECORD_DUPLICATE, IN_FLIGHT, None, "nothing to note"),
+        # A job the server forgot comes back with our outcome stored: re-report it, never re-run.
+        Transition(write, CASE_RECORD_FORGOTTEN, forgotten_from, S.OUTCOME_STORED, kept),
+    )
+
+
 _TABLE = (
-    Transition("record_delivery", CASE_RECORD_NEW, EXPIRED, S.RECORDED, "`None`: a duplicate", creates=True),
-    # Also while a hand-back is still in progress (its claim's epoch says so): the server may
-    # redeliver before the hand-back's own ledger write lands, and that delivery is the job
-    # coming back; or a job whose report the server answered "not found" (a Priostack restart
-    # forgot the activation): it comes back under the same key and must not be dropped.
-    Transition("record_delivery", CASE_RECORD_AGAIN,
-               status_in(S.HANDED_BACK) | (status_in(S.RUNNING) & StartsWith("epoch", HANDBACK_EPOCH_PREFIX))
-               | Compare("unknown_to_server", "=", True), S.RECORDED, "`None`: a duplicate", creates=True),
-    # The server handed out the id after it had our outcome, which it does only once it
-    # forgot it (reset): new work.
-    Transition("record_delivery", CASE_RECORD_SETTLED_BEFORE,
-               status_in(S.ACKNOWLEDGED, S.DISCARDED) & Compare("updated_at", "<", Param("settled_before")),
-               S.RECORDED, "`None`: a duplicate", creates=True),
-    # A duplicate while in flight is noted: a report the server then answers "not found" must be sent again.
-    Transition("record_delivery", CASE_RECORD_DUPLICATE, IN_FLIGHT, None, "nothing to note"),
-    # A job the server forgot comes back with our outcome stored: re-report it, never re-run.
-    Transition("record_delivery", CASE_RECORD_FORGOTTEN, status_in(S.RECORDED),
-               S.OUTCOME_STORED, "`RECORDED` kept"),
+    *_recording_rows("record_delivery", S.RECORDED, status_in(S.RECORDED), "`RECORDED` kept"),
+    # An executor that pulled the delivery itself: recorded and claimed by its run in one write.
+    *_recording_rows("record_running", S.RUNNING, OWNED, "`None`: another run owns it"),
     Transition("record_new", "each delivery of a batch", Missing(PK), S.RECORDED,
                "`None`: `record_delivery` decides", creates=True),
     # Only a recorded item: an executor that claimed it first has already moved it on.
@@ -190,7 +203,8 @@ def transition(write: str, case: str = "") -> Transition:
 
 
 def recording_condition(again_after_hand_back: bool, settled_before: bool) -> Condition:
-    """When ``record_delivery`` may replace a stored item: its rows for the cases asked (built once each)."""
+    """When ``record_delivery`` or ``record_running`` may replace a stored item: their rows
+    for the cases asked (the same for both; built once each)."""
     return _RECORDING[(again_after_hand_back, settled_before)]
 
 
