@@ -94,7 +94,8 @@ def test_each_function_reaches_only_its_own_resources(function: str, template: d
     for action in ("xray:PutTraceSegments", "xray:PutTelemetryRecords"):
         assert by_action.pop(action) == ["*"]
     # What only some functions do: counting and listing in-flight deliveries (scheduler,
-    # drain), fan-out (scheduler), continue-as-new and task tokens (steps), the DLQ (executor).
+    # drain; the executor counts only), fan-out (scheduler), continue-as-new and task tokens
+    # (steps), the DLQ (executor).
     expected: dict[str, dict[str, list[Any]]] = {
         "SchedulerFunction": {
             "dynamodb:Query": [INDEX], "dynamodb:BatchGetItem": [TABLE],
@@ -102,7 +103,9 @@ def test_each_function_reaches_only_its_own_resources(function: str, template: d
             "states:StartExecution": [{"Ref": "WorkerStateMachine"}],
         },
         "DrainFunction": {"dynamodb:Query": [INDEX], "dynamodb:BatchGetItem": [TABLE]},
-        "ExecutorFunction": {"sqs:SendMessage": [{"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}]},
+        # counting in flight before pulling for itself (SelfPull): the index only, no fan-out
+        "ExecutorFunction": {"sqs:SendMessage": [{"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}],
+                             "dynamodb:Query": [INDEX]},
         "StepsFunction": {
             "states:StartExecution": [{"Fn::Sub": "arn:${AWS::Partition}:states:${AWS::Region}:"
                                                   "${AWS::AccountId}:stateMachine:${AWS::StackName}-worker"}],

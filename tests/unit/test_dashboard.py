@@ -90,6 +90,8 @@ def test_the_dashboard_shows_what_an_operator_looks_for() -> None:
     for needed in [("ServerlessWorker", "Jobs_reported"), ("ServerlessWorker", "Jobs_handed_back"),
                    ("ServerlessWorker", "LeasesLost"), ("ServerlessWorker", "DispatchFailed"),
                    ("ServerlessWorker", "SuccessfulPolls"), ("AWS/Lambda", "AsyncEventAge"),
+                   ("ServerlessWorker", "SelfPulled"), ("ServerlessWorker", "PullersStarted"),
+                   ("ServerlessWorker", "PullersLate"),
                    ("AWS/Lambda", "Duration"), ("AWS/Lambda", "Throttles"), ("AWS/Lambda", "Errors"),
                    ("AWS/SQS", "ApproximateNumberOfMessagesVisible")]:
         assert needed in shown, needed

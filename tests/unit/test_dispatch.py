@@ -1,11 +1,14 @@
 """The dispatcher's Step Functions calls for callback tasks: a task that is over is an
 answer, not an error; anything else is a DispatchError naming only the code; each client
-is built once, on its first call. AWS is moto (with its ASL interpreter), in-process."""
+is built once, on its first call. The executor's three event shapes (a delivery, a
+delivery whose pull was full, a puller) as the executor function receives them. AWS is
+moto (with its ASL interpreter and the in-process Lambda), in-process."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import boto3
@@ -14,7 +17,9 @@ from botocore.config import Config
 from moto import mock_aws
 
 from serverless_worker.awsclients import LazyClient
+from serverless_worker.local import moto_adapter
 from serverless_worker.local.dispatcher import LocalDispatcher
+from serverless_worker.local.moto_lambda import InProcessLambda, dummy_zip
 from serverless_worker.local.observe import RunObserver
 from serverless_worker.runtime.dispatch import AwsDispatcher, DispatchError
 from support.aws_env import use_fake_aws_credentials
@@ -101,5 +106,57 @@ def test_the_local_dispatcher_sends_task_calls_through_its_step_functions(aws: N
     try:
         assert dispatcher.heartbeat_task("no-such-task") is False
         assert dispatcher.fail_task("no-such-task", error="e", cause="c") is False
+    finally:
+        dispatcher.close()
+
+
+@pytest.fixture
+def executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessLambda]:
+    """An executor function in moto whose invocations are recorded (its handler does nothing)."""
+    use_fake_aws_credentials(monkeypatch, REGION)
+    lambdas = InProcessLambda()
+    lambdas.register("executor", lambda event, context: None)
+    with ExitStack() as stack:
+        stack.enter_context(mock_aws(config={"lambda": {"use_docker": False}}))
+        moto_adapter.route_lambda_invoke(stack, lambdas.backend_invoke)
+        iam = boto3.client("iam", region_name=REGION)
+        role = iam.create_role(RoleName="executor", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        boto3.client("lambda", region_name=REGION).create_function(
+            FunctionName="executor", Runtime="python3.13", Role=role, Handler="app.handler",
+            Code={"ZipFile": dummy_zip()})
+        yield lambdas
+        lambdas.drain(5)
+
+
+def test_the_executor_events_are_the_ledger_key_the_full_pull_flag_and_the_puller(
+        executor: InProcessLambda) -> None:
+    dispatcher = AwsDispatcher(executor_function="executor", state_machine_arn=None)
+
+    dispatcher.invoke_executor("delivery#priostack#j1:r3")
+    dispatcher.invoke_executor("delivery#priostack#j2:r3", pull=True)
+    dispatcher.invoke_puller("work", by=1_700_000_123.5)
+
+    assert [(i.function_name, i.invocation_type, i.event) for i in executor.invocations] == [
+        ("executor", "Event", {"ledger_key": "delivery#priostack#j1:r3"}),  # today's, unchanged
+        ("executor", "Event", {"ledger_key": "delivery#priostack#j2:r3", "pull": True}),
+        ("executor", "Event", {"pull": {"handler": "work", "by": 1_700_000_123.5}}),
+    ]
+
+
+def test_a_puller_that_cannot_be_invoked_is_a_dispatch_error(aws: None) -> None:
+    # given no executor function of that name: the invoke is refused
+    dispatcher = AwsDispatcher(executor_function="no-such-executor", state_machine_arn=None)
+
+    with pytest.raises(DispatchError, match="ResourceNotFoundException"):
+        dispatcher.invoke_puller("work", by=1.0)
+    with pytest.raises(DispatchError, match="no executor function"):
+        AwsDispatcher(executor_function=None, state_machine_arn=None).invoke_puller("work", by=1.0)
+
+
+def test_the_local_dispatcher_starts_no_pullers() -> None:
+    dispatcher = LocalDispatcher(concurrency=1, executor_timeout=1.0, observer=RunObserver())
+    try:
+        with pytest.raises(DispatchError, match="starts no pullers"):
+            dispatcher.invoke_puller("work", by=1.0)
     finally:
         dispatcher.close()

@@ -65,7 +65,9 @@ class LocalDispatcher(Dispatcher):
         self._entry = entry
 
     # -- Dispatcher ----------------------------------------------------------------------
-    def invoke_executor(self, ledger_key: str) -> None:
+    def invoke_executor(self, ledger_key: str, *, pull: bool = False) -> None:
+        # ``pull`` is ignored: the local runner's executors never keep pulling (and it starts
+        # no pullers: ``invoke_puller`` refuses, as the base class does).
         if self._entry is None:
             raise DispatchError("the local dispatcher has no executor attached")
         if self._closed.is_set():

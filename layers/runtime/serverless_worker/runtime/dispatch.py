@@ -1,5 +1,7 @@
 """Fan-out: start one executor per delivery, or one state-machine execution for
-long-running handlers. Payloads carry only the ledger key.
+long-running handlers. Payloads carry only the ledger key, and where executors keep
+pulling (setting ``self_pull``, docs/limits.md) a flag saying the pull was full, or, for a
+puller the scheduler starts without a delivery, the handler to pull for and by when.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from ..errors import DispatchError
 if TYPE_CHECKING:
     import botocore.exceptions
 
-__all__ = ["Dispatcher", "AwsDispatcher", "executor_event", "execution_input"]
+__all__ = ["Dispatcher", "AwsDispatcher", "executor_event", "execution_input", "puller_event"]
 
 
-def executor_event(ledger_key: str) -> dict[str, Any]:
-    """The executor's whole event: nothing secret, nothing large."""
-    return {"ledger_key": ledger_key}
+def executor_event(ledger_key: str, *, pull: bool = False) -> dict[str, Any]:
+    """The executor's whole event: nothing secret, nothing large. ``pull``: the pull that
+    brought this delivery came back full, so after it the executor may pull the next."""
+    return {"ledger_key": ledger_key, "pull": True} if pull else {"ledger_key": ledger_key}
+
+
+def puller_event(handler: str, by: float) -> dict[str, Any]:
+    """A puller's event: an executor with no delivery yet, which pulls for ``handler`` only if
+    it starts before ``by`` (epoch seconds; the scheduler counts its slot until then)."""
+    return {"pull": {"handler": handler, "by": by}}
 
 
 def execution_input(ledger_key: str, handover_epoch: str | None = None) -> dict[str, Any]:
@@ -34,8 +43,13 @@ class Dispatcher(ABC):
     long-running steps make about their callback task."""
 
     @abstractmethod
-    def invoke_executor(self, ledger_key: str) -> None:
-        """Start the executor for one delivery without waiting for it."""
+    def invoke_executor(self, ledger_key: str, *, pull: bool = False) -> None:
+        """Start the executor for one delivery without waiting for it; ``pull``: its pull
+        came back full (see :func:`executor_event`)."""
+
+    def invoke_puller(self, handler: str, by: float) -> None:
+        """Start an executor that pulls for ``handler`` itself (see :func:`puller_event`)."""
+        raise DispatchError(f"{type(self).__name__} starts no pullers")
 
     @abstractmethod
     def start_execution(self, ledger_key: str, handover_epoch: str | None = None) -> None:
@@ -68,14 +82,22 @@ class AwsDispatcher(Dispatcher):
         self._lambda = lambda_client if lambda_client is not None else awsclients.lambda_client()
         self._sfn = sfn_client if sfn_client is not None else awsclients.stepfunctions_client()
 
-    def invoke_executor(self, ledger_key: str) -> None:
+    def invoke_executor(self, ledger_key: str, *, pull: bool = False) -> None:
+        self._invoke(executor_event(ledger_key, pull=pull))
+
+    def invoke_puller(self, handler: str, by: float) -> None:
+        self._invoke(puller_event(handler, by))
+
+    def _invoke(self, event: dict[str, Any]) -> None:
+        """One async (Event) invoke of the executor function: a DispatchError naming only the
+        error's type or code when it does not go through."""
         if not self._function:
             raise DispatchError("no executor function configured (SW_EXECUTOR_FUNCTION_NAME)")
         import botocore.exceptions
 
         try:
             self._lambda.invoke(FunctionName=self._function, InvocationType="Event",
-                                Payload=json.dumps(executor_event(ledger_key)).encode())
+                                Payload=json.dumps(event).encode())
         except botocore.exceptions.BotoCoreError as err:
             raise DispatchError(f"invoke failed: {type(err).__name__}") from err
         except botocore.exceptions.ClientError as err:

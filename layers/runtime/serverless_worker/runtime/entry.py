@@ -139,6 +139,7 @@ def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[st
     m.add("DuplicatesDiscarded", report.duplicates)
     m.add("DispatchFailed", report.dispatch_failed)
     m.add("StrandedReaped", report.reaped)
+    m.add("PullersStarted", report.pullers)
     if not any(e.startswith("pull:") for e in report.errors) and report.pulls:
         m.add("SuccessfulPolls", 1)
     m.flush()

@@ -35,6 +35,7 @@ METRIC_NAMES: frozenset[str] = frozenset({
     # the scheduler, once per tick (entry.scheduler_tick)
     "SuccessfulPolls", "DeliveriesPulled", "DeliveriesDispatched", "DuplicatesDiscarded", "DispatchFailed",
     "StrandedReaped",
+    "PullersStarted",    # executors started to pull their own deliveries (setting self_pull)
     # the executor, once per delivery (entry.execute_delivery)
     *(f"Jobs_{action}" for action in EXECUTOR_ACTIONS),
     "SelfPulled",        # one per delivery an executor pulled itself (runtime/self_pull.py)

@@ -8,6 +8,13 @@ the next pull runs (on the local SQLite file, a pulled batch is recorded at once
 transaction), each one recorded before it is dispatched, and counted in flight from the
 moment it is pulled, so capacity never overshoots. A delivery the ledger cannot hold is
 settled on its own (``runtime/poison.py``); the rest of its batch goes on.
+
+Where executors keep pulling (setting ``self_pull``, docs/limits.md), a full pull for a
+short handler fans out: its deliveries go out flagged (each executor may pull the next
+itself), and up to as many pullers, executors with no delivery that pull their own, start
+on top, never more than the free slots. Each puller's slot is reserved until the ``by`` it
+was given (it never takes a first slot later), and every count of capacity adds the
+reservations still running, so the scheduler and its pullers never fill the same slot.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import (
     BadRequestError,
@@ -48,6 +55,8 @@ from .settle import hand_back, handback_epoch
 
 __all__ = ["TickReport", "Scheduler"]
 
+_T = TypeVar("_T")
+
 log = logging.getLogger("serverless_worker.scheduler")
 # How long a tick waits for a batch's worth of room when only a few slots are free: one
 # step of PARTIAL_ROOM_WAIT_SECONDS at a time, for at most ROOM_WAIT_MAX_SECONDS in a row,
@@ -57,6 +66,9 @@ PARTIAL_ROOM_WAIT_SECONDS = 0.05
 ROOM_WAIT_MAX_SECONDS = 2.0
 
 SAFETY_SECONDS = 5.0  # end the window this long before Lambda's own timeout
+# The least time a puller gets to start before its ``by``: less, and it would most likely
+# arrive late and only cost an invocation.
+PULLER_LEAD_SECONDS = 1.0
 # Pulls failing in a row (5xx, unreachable) before a tick gives up: during an outage the
 # rest of the window would only burn Lambda time; the next scheduled tick tries again, and
 # the silent-poller alarm (no SuccessfulPolls) shows the outage meanwhile.
@@ -80,6 +92,8 @@ class TickReport:
     errors: list[str] = field(default_factory=list)
     unusable: list[str] = field(default_factory=list)  # answers the server sent that could not be used
     unfit: dict[str, str] = field(default_factory=dict)  # handler -> why its timeout can never fit
+    pullers: int = 0  # executors started without a delivery to pull their own (setting self_pull)
+    pullers_failed: int = 0  # puller invokes that did not go through (their slots freed at once)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -111,6 +125,7 @@ class Scheduler:
         self._early_empties = 0  # empty long polls answered sooner than asked, since the round began
         # The stored counters as the last forced heartbeat read them, repeated in the beats between.
         self._counted: dict[str, int] = {}
+        self._reservations = _Reservations()  # slots held for the pullers started (self_pull)
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -165,7 +180,7 @@ class Scheduler:
         limit = capacity_limit(self.services.settings)
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
         want = min(settings.batch_size, limit) if services.protocol.batch_pull else 1
-        in_flight = store.count_in_flight(services.protocol_name, services.instance, live_at=clock())
+        in_flight = self._count_in_flight()
         handlers = self._fit_handlers(report, unfit)
         if not handlers:
             return
@@ -198,8 +213,7 @@ class Scheduler:
                 # Re-count once every pulled delivery is in the ledger: executors finish
                 # during the window.
                 pending.drain(report)
-                in_flight = store.count_in_flight(services.protocol_name, services.instance,
-                                                  live_at=clock())
+                in_flight = self._count_in_flight()
                 free = limit - in_flight
                 if free <= 0:
                     room_since = None
@@ -230,7 +244,16 @@ class Scheduler:
                                                 hurry=worked or got > 0)
                 got += len(deliveries)
                 full = full or len(deliveries) >= room
-                in_flight += self._record(deliveries, pending, report, asked)
+                fan_out = self._fans_out(name, deliveries, room)
+                in_flight += self._record(deliveries, pending, report, asked, pull=fan_out)
+                if fan_out:
+                    # As many pullers as deliveries at most (the pulling executors at most
+                    # double per full round), and never more than the free slots. Each holds
+                    # its slot until the window's end now that work was seen (as busy_until
+                    # becomes below), never past the Lambda's own time.
+                    by = min(full_end, max(busy_until, clock() + WORK_LINGER_SECONDS))
+                    in_flight += self._start_pullers(name, min(len(deliveries), limit - in_flight),
+                                                     by, pending, report)
             # An all-empty round makes the next one long-poll (never a busy loop); a lone
             # handler has no other queue to starve, so it always long-polls.
             worked = got > 0 and len(handlers) > 1
@@ -253,6 +276,38 @@ class Scheduler:
             self._sleep(min(max(0.0, pause), max(0.0, end - clock())))
 
     # -- pieces -----------------------------------------------------------------
+    def _count_in_flight(self) -> int:
+        """The ledger's live in-flight count plus the slots held for pullers until their ``by``."""
+        services = self.services
+        now = services.clock()
+        return services.store.count_in_flight(services.protocol_name, services.instance,
+                                              live_at=now) + self._reservations.held(now)
+
+    def _fans_out(self, handler: str, deliveries: list[Delivery], room: int) -> bool:
+        """A full pull for a short handler, with executors that keep pulling: more is waiting
+        than this pull could take, and executors can take it themselves."""
+        return (self.services.settings.self_pull and bool(deliveries) and len(deliveries) >= room
+                and not long_running(self.services, handler))
+
+    def _start_pullers(self, handler: str, count: int, by: float, pending: _Pending,
+                       report: TickReport) -> int:
+        """Start ``count`` pullers for ``handler`` on the dispatch pool, their slots reserved
+        until ``by``; returns how many now count in flight (a failed invoke frees its own)."""
+        if count <= 0 or by - self.services.clock() < PULLER_LEAD_SECONDS:
+            return 0
+        self._reservations.add(by, count)
+        return pending.submit(functools.partial(self._invoke_puller, by=by), [handler] * count, report)
+
+    def _invoke_puller(self, handler: str, *, by: float) -> str:
+        try:
+            self.services.dispatch.invoke_puller(handler, by)
+        except DispatchError as err:
+            # No ledger item exists for a puller: nothing to hand back, only its slot to free.
+            log.warning("puller for %s not started: %s", handler, err)
+            self._reservations.release(by)
+            return "puller_failed"
+        return "puller"
+
     def _fit_handlers(self, report: TickReport, unfit: dict[str, str]) -> list[str]:
         """The handlers to pull for: not those whose timeout can never fit (``runtime/fit.py``);
         ``report.unfit`` names those, and ``report.stopped`` says so when none is left."""
@@ -410,8 +465,10 @@ class Scheduler:
         return (self.services.settings.liveness == "continuous" and self.services.protocol.needs_session
                 and self.services.keeper.session is not None)
 
-    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport, asked: float) -> int:
-        """Record and dispatch ``deliveries``; returns how many now count in flight.
+    def _record(self, deliveries: list[Delivery], pending: _Pending, report: TickReport, asked: float,
+                *, pull: bool = False) -> int:
+        """Record and dispatch ``deliveries``; returns how many now count in flight. ``pull``:
+        their pull was full, and the executors they go to may keep pulling.
 
         Where the store writes a batch for less (the local SQLite file), the new ones of a
         batch are recorded here in one transaction and dispatched at once; what it leaves
@@ -420,7 +477,7 @@ class Scheduler:
         request each). ``asked`` is when the pull was sent (see ``_record_and_dispatch``).
         """
         store = self.services.store
-        record_and_dispatch = functools.partial(self._record_and_dispatch, asked=asked, report=report)
+        record_and_dispatch = functools.partial(self._record_and_dispatch, asked=asked, report=report, pull=pull)
         if len(deliveries) < 2 or not store.records_in_batches:
             return pending.submit(record_and_dispatch, deliveries, report)
         deadline = self._dispatch_deadline()
@@ -430,7 +487,7 @@ class Scheduler:
         recorded = list(zip(deliveries, keys, modes, strict=True))
         pending.submit(record_and_dispatch, [delivery for delivery, key, _ in recorded if key is None],
                        report)
-        pending.add([self._dispatch(delivery, key, mode, deadline) for delivery, key, mode in recorded
+        pending.add([self._dispatch(delivery, key, mode, deadline, pull=pull) for delivery, key, mode in recorded
                      if key is not None], report)
         return len(deliveries)
 
@@ -441,7 +498,8 @@ class Scheduler:
         """When a delivery recorded now counts as stranded if no executor has claimed it."""
         return self.services.clock() + self.services.settings.dispatch_timeout_seconds
 
-    def _record_and_dispatch(self, delivery: Delivery, report: TickReport, *, asked: float) -> str:
+    def _record_and_dispatch(self, delivery: Delivery, report: TickReport, *, asked: float,
+                             pull: bool = False) -> str:
         services = self.services
         deadline = self._dispatch_deadline()
         mode = self._mode(delivery)
@@ -465,9 +523,9 @@ class Scheduler:
         if key is None:
             discard_duplicate(services, delivery)
             return "duplicate"
-        return self._dispatch(delivery, key, mode, deadline)
+        return self._dispatch(delivery, key, mode, deadline, pull=pull)
 
-    def _dispatch(self, delivery: Delivery, key: str, mode: str, deadline: float) -> str:
+    def _dispatch(self, delivery: Delivery, key: str, mode: str, deadline: float, *, pull: bool = False) -> str:
         """Fan out a recorded delivery; a failed dispatch is handed back (or left to the reaper)."""
         services = self.services
         if services.watcher is not None:
@@ -475,6 +533,8 @@ class Scheduler:
         try:
             if mode == "state_machine":
                 services.dispatch.start_execution(key)
+            elif pull:
+                services.dispatch.invoke_executor(key, pull=True)
             else:
                 services.dispatch.invoke_executor(key)
         except DispatchError as err:
@@ -501,15 +561,44 @@ class Scheduler:
             self._pull_pool.shutdown(wait=True)
 
 
+class _Reservations:
+    """Slots held for pullers: ``by -> count``, each freed at its ``by`` (after which its
+    puller takes no first slot) or when its invoke failed. Pool threads release, the tick
+    counts: hence the lock."""
+
+    def __init__(self) -> None:
+        self._held: dict[float, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, by: float, count: int) -> None:
+        with self._lock:
+            self._held[by] = self._held.get(by, 0) + count
+
+    def release(self, by: float) -> None:
+        with self._lock:
+            left = self._held.get(by, 0) - 1
+            if left > 0:
+                self._held[by] = left
+            else:
+                self._held.pop(by, None)
+
+    def held(self, now: float) -> int:
+        """The slots still held at ``now``; the expired ones are forgotten."""
+        with self._lock:
+            self._held = {by: count for by, count in self._held.items() if by > now}
+            return sum(self._held.values())
+
+
 class _Pending:
-    """Deliveries being recorded and dispatched on the pool while the tick pulls on.
+    """Deliveries being recorded and dispatched on the pool while the tick pulls on, and
+    pullers being started.
 
     Each is counted in flight from :meth:`submit` until :meth:`harvest` finds it was a
-    duplicate or a failed dispatch; :meth:`drain` waits for all and re-raises the first
+    duplicate, a failed dispatch or a failed puller; :meth:`drain` waits for all and re-raises the first
     error one raised (a state-store failure fails the tick, as a serial tick would).
     """
 
-    _IN_FLIGHT = frozenset({"dispatched", "failed_in_flight"})
+    _IN_FLIGHT = frozenset({"dispatched", "failed_in_flight", "puller"})
 
     def __init__(self, pool: ThreadPoolExecutor, bound: int) -> None:
         self._pool = pool
@@ -518,15 +607,15 @@ class _Pending:
         self._freed = 0
         self._error: BaseException | None = None
 
-    def submit(self, fn: Callable[[Delivery], str], deliveries: list[Delivery], report: TickReport) -> int:
-        """Queue each delivery, waiting while ``bound`` are queued; returns how many were
-        queued (each counts in flight from now)."""
-        for delivery in deliveries:
+    def submit(self, fn: Callable[[_T], str], items: list[_T], report: TickReport) -> int:
+        """Queue ``fn`` for each item (a delivery, or a puller's handler), waiting while
+        ``bound`` are queued; returns how many were queued (each counts in flight from now)."""
+        for item in items:
             while len(self._futures) >= self._bound:
                 wait(self._futures, return_when=FIRST_COMPLETED)
                 self._collect(report)
-            self._futures.append(self._pool.submit(fn, delivery))
-        return len(deliveries)
+            self._futures.append(self._pool.submit(fn, item))
+        return len(items)
 
     def add(self, results: list[str], report: TickReport) -> None:
         """Deliveries recorded and dispatched on the tick's own thread: accounted at once."""
@@ -565,4 +654,6 @@ class _Pending:
         report.dispatched += int(result == "dispatched")
         report.duplicates += int(result == "duplicate")
         report.dispatch_failed += int(result == "failed")
+        report.pullers += int(result == "puller")
+        report.pullers_failed += int(result == "puller_failed")
         self._freed += int(result not in self._IN_FLIGHT)
