@@ -145,7 +145,8 @@ def die(job: Job[Any]) -> Any:
 
 # The same handlers with a declared timeout: an executor pulls its next job itself only for a
 # handler with one (docs/limits.md), so the tests of executors that keep pulling run these.
-TIMED = 20
+# Short enough to fit the 5 s unrenewable claim-queue leases of the fault suites.
+TIMED = 2.5
 
 
 @handler("e2e.echo-timed", timeout=TIMED)
@@ -172,6 +173,16 @@ def die_self_pulled(job: Job[Any]) -> Any:
         if job.job_id in RECORDER.self_pulled and RECORDER.first_run_dies(job.job_id or ""):
             raise ExecutorKilled(f"executor killed while running self-pulled job {job.job_id}")
         return {"survived": True}
+
+
+@handler("e2e.slow-timed-long", timeout=60)
+def slow_timed_long(job: Job[Any]) -> Any:
+    """e2e.slow with room for a long sleep (the deployed tier's slow backlog)."""
+    with _recorded("e2e.slow-timed-long", job):
+        seconds = float((job.input or {}).get("sleep", 0.5))
+        job.wait(seconds)
+        job.raise_if_cancelled()
+        return {"slept": seconds, "n": (job.input or {}).get("n")}
 
 
 def _until_released(name: str, job: Job[Any]) -> Any:

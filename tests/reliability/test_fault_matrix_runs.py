@@ -231,8 +231,21 @@ def test_executor_killed_between_storing_and_reporting(worker_env: Any, recorder
 
 # -- 2b. the self-pull path: executors killed holding deliveries they pulled themselves ------------------
 class ExecutorDied(BaseException):
-    """The executor's sandbox dies at a chosen write (not an Exception: nothing in the runtime
-    may catch it, as nothing can catch a killed Lambda)."""
+    """The error a killed executor invocation ends with (see :func:`_die_here`)."""
+
+
+def _die_here(env: Any, why: str) -> None:
+    """The calling executor invocation is killed here: it runs nothing more, not even the
+    ``finally`` blocks a raised exception would run (a killed Lambda sandbox runs none). Its
+    thread is parked for good and leaves the harness's list (so waiting for the executors
+    does not wait for it); its error is kept, as an invocation that ended in one."""
+    lambdas = env.stack.lambdas
+    me = threading.current_thread()
+    with lambdas._lock:
+        if me in lambdas._threads:
+            lambdas._threads.remove(me)
+        lambdas.background_errors.append(ExecutorDied(why))
+    threading.Event().wait()
 
 
 # Two executors of capacity 2: a full pull of 2 hands each of them the pull flag, and with no
@@ -248,16 +261,16 @@ def _request_id(item: Any) -> str:
 
 
 def _work_until_stuck(env: Any, jobs: int, ticks: int = 6) -> list[dict[str, Any]]:
-    """Tick and let the executors finish until every seeded job has a ledger item and none
-    is left waiting on an invocation: what is not final then belongs to a dead one."""
+    """Tick and let the executors finish until every seeded job has a ledger item, or a tick
+    pulls nothing (the dead executors' items hold the slots until the reaper frees them):
+    what is not final then belongs to a dead invocation."""
     reports: list[dict[str, Any]] = []
     for _ in range(ticks):
         reports.append(env.tick(2.0))
         env.stack.wait_idle(30)
-        items = ledger(env)
-        if len({item.delivery.job_id for item in items}) >= jobs:
+        if len({item.delivery.job_id for item in ledger(env)}) >= jobs or reports[-1]["pulled"] == 0:
             return reports
-    raise AssertionError(f"not every job recorded after {ticks} ticks: {ledger(env)}; {reports}")
+    raise AssertionError(f"still pulling after {ticks} ticks: {ledger(env)}; {reports}")
 
 
 def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch,
@@ -269,13 +282,18 @@ def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch:
     as a timeout without running the handler; the server's retry runs it again."""
     env = worker_env(protocol, handlers=["e2e.die-self-pulled"], handler_module=HANDLERS_PATH,
                      sandbox=KILLED_SANDBOX.get(protocol), settings=settings("self-pull", **SELF_PULL))
+    armed = threading.Event()
+    armed.set()
+
     def note(delivery: Any, item: Any, handover: bool) -> None:
-        recorder.self_pulled.add(str(delivery.job_id))
+        if armed.is_set():
+            recorder.self_pulled.add(str(delivery.job_id))
 
     noted = watch_record_running(monkeypatch, env, after=note)
-    env.seed("e2e.die-self-pulled", [{"n": i} for i in range(6)], maxRetries=1, retryInterval=0)
+    env.seed("e2e.die-self-pulled", [{"n": i} for i in range(4)], maxRetries=1, retryInterval=0)
 
-    _work_until_stuck(env, 6)
+    _work_until_stuck(env, 4)
+    armed.clear()  # from here on every job survives: what died is recovered
     killed = [item for item in ledger(env) if item.status is LedgerStatus.RUNNING]
     assert killed, f"no executor died in a self-pulled job: {ledger(env)}; record_running saw {noted}"
     take_background_errors(env, "ExecutorKilled", len(killed))
@@ -333,7 +351,7 @@ def _killed_self_pulled_between_storing_and_reporting(worker_env: Any, recorder:
     monkeypatch.setattr(store, "store_outcome", store_then_crash)
     env.seed("e2e.echo-timed", [{"n": i} for i in range(4)])
     _work_until_stuck(env, 4)
-    monkeypatch.setattr(store, "store_outcome", real_store_outcome)
+    monkeypatch.setattr(store, "store_outcome", real_store_outcome)  # from here on nobody dies
 
     assert crashed, f"no self-pulled delivery stored an outcome: {ledger(env)}"
     take_background_errors(env, "LambdaCrash", len(crashed))
@@ -364,7 +382,13 @@ def _settled_once_nothing_stranded(env: Any, recorder: Any, killed_jobs: set[str
     for item in ledger(env):
         if not LedgerStatus(str(item.status)).is_final:
             backdate(env, item.key)  # the dead runs' deadlines passing
-    reports = run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=8, settle=1.0)
+    try:
+        reports = run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=8, settle=1.0)
+    except AssertionError as err:
+        observed = observe(env, recorder.counts())
+        stuck = {jid: observed.jobs_raw[jid].get("history") for jid in observed.not_final}
+        left = [(i.key, str(i.status), i.error) for i in ledger(env) if not LedgerStatus(str(i.status)).is_final]
+        raise AssertionError(f"{observed.facts()}; not final: {stuck}; ledger in flight: {left}") from err
     assert sum(r["reaped"] for r in reports) >= len(killed_jobs), reports
     observed = _finish(scenario(name, "self-pull"), env, recorder.counts(), how,
                        final_states={OK[env.protocol]})
@@ -387,15 +411,19 @@ def test_executor_killed_after_recording_a_self_pulled_delivery(worker_env: Any,
     pending: dict[int, str] = {}  # invocation thread -> the job it recorded and has not run yet
     killed: list[str] = []
     lock = threading.Lock()
+    armed = threading.Event()
+    armed.set()
 
     def after(delivery: Any, item: Any, handover: bool) -> None:
         with lock:
-            if len(killed) >= 2:
+            if len(killed) >= 2 or not armed.is_set():
                 return
-            if not handover:  # a puller's first pull: nothing else to finish, die at once
+            if not handover:  # a puller's first pull: nothing else to finish
                 killed.append(str(delivery.job_id))
-                raise ExecutorDied(f"killed after recording {delivery.job_id}")
-            pending[threading.get_ident()] = str(delivery.job_id)
+            else:
+                pending[threading.get_ident()] = str(delivery.job_id)
+                return
+        _die_here(env, f"killed after recording {delivery.job_id}")
 
     noted = watch_record_running(monkeypatch, env, after=after)
     real_final = store.mark_acknowledged
@@ -404,14 +432,16 @@ def test_executor_killed_after_recording_a_self_pulled_delivery(worker_env: Any,
         result = real_final(key, *args, **kwargs)
         with lock:
             job = pending.pop(threading.get_ident(), None)
-            if job is not None and len(killed) < 2:
-                killed.append(job)
-                raise ExecutorDied(f"killed after recording {job}, before its lease")
+            if job is None or len(killed) >= 2 or not armed.is_set():
+                return result
+            killed.append(job)
+        _die_here(env, f"killed after recording {job}, before its lease")
         return result
 
     monkeypatch.setattr(store, "mark_acknowledged", final_then_die)
-    env.seed("e2e.echo-timed", [{"n": i} for i in range(6)], maxRetries=1, retryInterval=0)
-    _work_until_stuck(env, 6)
+    env.seed("e2e.echo-timed", [{"n": i} for i in range(4)], maxRetries=1, retryInterval=0)
+    _work_until_stuck(env, 4)
+    armed.clear()  # from here on nobody dies: what died is recovered
 
     assert killed, f"no executor recorded a delivery it pulled itself: {noted}"
     take_background_errors(env, "ExecutorDied", len(killed))
@@ -435,16 +465,20 @@ def test_executor_killed_during_the_hand_over(worker_env: Any, recorder: Any, mo
                      settings=settings("self-pull", **SELF_PULL))
     killed: list[str] = []
     lock = threading.Lock()
+    armed = threading.Event()
+    armed.set()
 
     def after(delivery: Any, item: Any, handover: bool) -> None:
         with lock:
-            if handover and len(killed) < 2:
-                killed.append(str(delivery.job_id))
-                raise ExecutorDied(f"killed in the hand-over to {delivery.job_id}")
+            if not handover or len(killed) >= 2 or not armed.is_set():
+                return
+            killed.append(str(delivery.job_id))
+        _die_here(env, f"killed in the hand-over to {delivery.job_id}")
 
     noted = watch_record_running(monkeypatch, env, after=after)
-    env.seed("e2e.echo-timed", [{"n": i} for i in range(6)], maxRetries=1, retryInterval=0)
-    _work_until_stuck(env, 6)
+    env.seed("e2e.echo-timed", [{"n": i} for i in range(4)], maxRetries=1, retryInterval=0)
+    _work_until_stuck(env, 4)
+    armed.clear()  # from here on nobody dies: what died is recovered
 
     assert killed, f"no executor handed its slot over to a delivery it pulled itself: {noted}"
     take_background_errors(env, "ExecutorDied", len(killed))
@@ -452,8 +486,10 @@ def test_executor_killed_during_the_hand_over(worker_env: Any, recorder: Any, mo
     taken = [item for item in items if item.delivery.job_id in set(killed)]
     assert all(item.status is LedgerStatus.RUNNING for item in taken), taken
     # N: reported and acknowledged on the server, its final write missing.
-    unfinished = [item for item in items if item.status is LedgerStatus.REPORTED]
+    unfinished = [item for item in items if item.delivery.job_id not in set(killed)
+                  and not LedgerStatus(str(item.status)).is_final]
     assert len(unfinished) == len(killed), items
+    assert all(item.status in (LedgerStatus.OUTCOME_STORED, LedgerStatus.REPORTED) for item in unfinished), items
     _settled_once_nothing_stranded(
         env, recorder, set(killed), "executor killed during the hand-over (N acked, N+1 recorded)",
         f"{len(killed)} executors died after acknowledging N and recording N+1, before N's final write; the "
