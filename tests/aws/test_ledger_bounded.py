@@ -43,6 +43,10 @@ def _in_status(services: Any, delivery: Any, status: str) -> str:
     """A ledger item of ``delivery`` brought to ``status`` the way the runtime would."""
     store = services.store
     now = services.clock()
+    if status == "RUNNING:self":  # pulled by an executor that keeps pulling: recorded and claimed at once
+        item = store.record_running(delivery, instance=services.instance, epoch="req-1/a1", deadline=now + 60)
+        assert item is not None
+        return item.key
     key = store.record_delivery(delivery, instance=services.instance, deadline=now + 60, dispatch_mode="invoke")
     assert key is not None
     if status == "DISPATCHED":
@@ -60,8 +64,8 @@ def _in_status(services: Any, delivery: Any, status: str) -> str:
     return key
 
 
-STATUSES = ["RECORDED", "DISPATCHED", "DISPATCH_FAILED", "RUNNING", "RUNNING:handback", "OUTCOME_STORED",
-            "REPORTED"]
+STATUSES = ["RECORDED", "DISPATCHED", "DISPATCH_FAILED", "RUNNING", "RUNNING:self", "RUNNING:handback",
+            "OUTCOME_STORED", "REPORTED"]
 
 
 def _fired(env: Any) -> int:
@@ -139,9 +143,11 @@ def test_every_status_ends_final_at_the_first_reap_when_the_server_answers(
     if status in ("RECORDED", "DISPATCHED", "DISPATCH_FAILED", "RUNNING:handback"):
         assert item.status is LedgerStatus.HANDED_BACK and job["state"] == "waiting", (item, job)
         assert job["retries"] == 3  # handed back without using an attempt
-    elif status == "RUNNING":
+    elif status in ("RUNNING", "RUNNING:self"):
         # The executor vanished mid-handler: settled as a timeout (a failure using one attempt).
         assert item.status is LedgerStatus.ACKNOWLEDGED and job["retries"] == 2, (item, job)
+        assert item.outcome is not None and item.outcome.error_code == "EXECUTOR_LOST", item
+        assert item.epoch is not None and item.epoch.startswith("reaper:"), item
     elif status == "OUTCOME_STORED":
         assert item.status is LedgerStatus.ACKNOWLEDGED and job["state"] == "completed", (item, job)
     else:  # REPORTED: Priostack has nothing to acknowledge; the job is still active server-side

@@ -208,3 +208,12 @@ def test_a_delivery_no_item_can_hold_raises_and_writes_nothing(store: StateStore
     assert store.ops["write"] == 0
     assert store.get("delivery#pipelogiq#deep-1") is None and store.get("delivery#pipelogiq#big-1") is None
     assert store.count_in_flight("pipelogiq", "blue") == 0
+
+
+def test_a_self_pulled_job_costs_three_writes_and_no_reads(store: StateStore, delivery: Delivery) -> None:
+    # record and claim, outcome, report and acknowledgement together (settle.py's final write)
+    item = _self_pulled(store, delivery, "req-1/a1")
+    store.store_outcome(item.key, "req-1/a1", OUTCOME)
+    assert store.mark_acknowledged(item.key, ReportReceipt(status="completed"))
+
+    assert dict(store.ops) == {"write": 3}

@@ -14,7 +14,7 @@ import pytest
 from benchmarks.write_units import WriteUnitMeter
 
 from serverless_worker.model import Delivery, Outcome, OutcomeKind, ReportReceipt
-from serverless_worker.state import DynamoStateStore, StateStore
+from serverless_worker.state import DynamoStateStore, StateStore, ledger_key_for
 from support.dynamodb import CreatedTable
 
 # A Pipelogiq-sized envelope (the largest of the three protocols'), as the server sends it.
@@ -51,6 +51,53 @@ def test_a_short_path_job_costs_at_most_six_write_units(ddb: Any, table: Created
     assert meter.units["table:delivery"] == 4  # every write under 1 KB
     if backend == "dynamodb_local":  # the engine's own count (moto's is not DynamoDB's)
         assert meter.engine["delivery"] == 6
+
+
+Cost = tuple[int, int, int, float]
+
+
+def _self_pull_path(store: StateStore, delivery: Delivery, now: float, meter: WriteUnitMeter) -> dict[str, Cost]:
+    """An executor that pulled the job itself: record_running (record and claim in one),
+    outcome, settle (report and acknowledgement in one final write, as settle.py makes it).
+    Each write's (requests, table units, index units, engine units)."""
+    epoch = "12c7e660-1ea4-4db7-aa59-056c1851b05e/3f2a91c0"
+    receipt = ReportReceipt(status="accepted", detail={"isSuccess": True, "errorCode": None, "attempts": 1})
+    steps: dict[str, Any] = {
+        "record_running": lambda: store.record_running(delivery, instance="bench-612e99a1", epoch=epoch,
+                                                       deadline=now + 120),
+        "store_outcome": lambda: store.store_outcome(  # raises when refused
+            ledger_key_for(delivery), epoch, Outcome(kind=OutcomeKind.SUCCESS, value={"ok": True})) or True,
+        "mark_acknowledged": lambda: store.mark_acknowledged(ledger_key_for(delivery), receipt),
+    }
+    costs: dict[str, Cost] = {}
+    for name, write in steps.items():
+        before = (sum(meter.requests.values()), meter.units["table:delivery"], meter.units["index:delivery"],
+                  meter.engine["delivery"])
+        assert write() not in (None, False), name
+        costs[name] = (sum(meter.requests.values()) - before[0], meter.units["table:delivery"] - before[1],
+                       meter.units["index:delivery"] - before[2], meter.engine["delivery"] - before[3])
+    return costs
+
+
+def test_a_self_pulled_job_costs_three_writes_and_five_write_units(ddb: Any, table: CreatedTable, clock: Any,
+                                                                   make_delivery: Any, backend: str) -> None:
+    meter = WriteUnitMeter(ddb)
+    store = DynamoStateStore(table.name, client=meter, clock=clock)
+    delivery = make_delivery("1003:5d8dc74a-c065-4d5f-aaa7-a5bce099d4ad", payload='{"n": 2}', wire=_WIRE)
+
+    costs = _self_pull_path(store, delivery, clock.now, meter)
+
+    # (requests, table units, index units): the record is the claim, so no write of its own
+    assert {name: cost[:3] for name, cost in costs.items()} == {
+        "record_running": (1, 1, 1),     # the index entry added
+        "store_outcome": (1, 1, 0),
+        "mark_acknowledged": (1, 1, 1),  # the index entry removed
+    }
+    assert meter.requests["delivery"] == 3
+    assert meter.units["table:delivery"] + meter.units["index:delivery"] == 5
+    if backend == "dynamodb_local":  # the engine's own count (moto's is not DynamoDB's)
+        assert {name: cost[3] for name, cost in costs.items()} == {
+            "record_running": 2, "store_outcome": 1, "mark_acknowledged": 2}
 
 
 def test_a_run_outliving_its_dispatch_deadline_is_live_until_its_own(store: StateStore, delivery: Delivery,

@@ -2,7 +2,8 @@
 its deliveries go out flagged, and the scheduler starts up to as many pullers, never more
 than the free slots; each puller's slot stays reserved (counted with the ledger's in-flight
 items) until its ``by``, and one whose invoke fails frees its slot at once. No fan-out for
-a long-running handler, after a pull that was not full, or with the setting off.
+a long-running handler or one without a declared timeout, after a pull that was not
+full, or with the setting off.
 
 A real Priostack sandbox on loopback and a real SQLite store, as in
 test_scheduler_batch_record.py; the tick runs on a clock of its own that only its waits
@@ -89,13 +90,14 @@ class FanOutDispatcher(Dispatcher):
 
 class Harness:
     def __init__(self, server: SandboxServer, admin: SandboxAdmin, tmp_path: Path, *,
-                 self_pull: bool = True, mode: HandlerMode = "short", failing_pullers: int = 0) -> None:
+                 self_pull: bool = True, mode: HandlerMode = "short", timeout: float | None = 5,
+                 failing_pullers: int = 0) -> None:
         self.admin = admin
         self.clock = Clock()
         self.store = SqliteStateStore(tmp_path / "state.sqlite3")
         self.dispatcher = FanOutDispatcher(self.store, self.clock, failing_pullers=failing_pullers)
         registry = HandlerRegistry()
-        registry.handler("work", timeout=5, mode=mode)(lambda job: {"ok": True})
+        registry.handler("work", timeout=timeout, mode=mode)(lambda job: {"ok": True})
         settings = Settings(protocol="priostack", base_url=server.url, api_key="sandbox-api-key",
                             instance_id=INSTANCE, handlers=["work"], batch_size=BATCH, max_in_flight=LIMIT,
                             self_pull=self_pull)
@@ -225,3 +227,14 @@ def test_no_pullers_for_a_long_running_handler(harness: Any) -> None:
     assert report.pulled == 8 and report.dispatched == 8
     assert report.pullers == 0 and h.dispatcher.pullers == [] and h.dispatcher.invoked == []
     assert len(h.dispatcher.executions) == 8  # the state machine, as today
+
+
+def test_no_pullers_and_no_flag_for_a_handler_without_a_declared_timeout(harness: Any) -> None:
+    # it is promised the executor's whole time: no executor pulls after it
+    h = harness(timeout=None)
+    h.seed(8)
+
+    report = h.tick()
+
+    assert report.pulled == 8 and report.dispatched == 8
+    assert report.pullers == 0 and [kwargs for _, kwargs in h.dispatcher.invoked] == [{}] * 8

@@ -54,7 +54,7 @@ def _settler(calls: list[str], hook: Callable[[], None] | None) -> Settler:
 
 
 DELIVERY = Delivery(protocol="claimqueue", handler="h", job_id="j-1", ledger_id="j-1", input={})
-SUCCESS = Outcome(kind=OutcomeKind.SUCCESS, result={"ok": True})
+SUCCESS = Outcome(kind=OutcomeKind.SUCCESS, value={"ok": True})
 
 
 def test_the_hook_runs_after_the_ack_and_before_the_final_write() -> None:

@@ -56,7 +56,7 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike, *,
             services.store.store_outcome(ledger_key, context.aws_request_id, outcome)
             settlement = settle(services.settler(), ledger_key, item.delivery, outcome)
             return {"ledger_key": ledger_key, "action": settlement.action, "detail": "executor lost"}
-        loop = _loop(services, context, item.delivery.handler) if pull else None
+        loop = _loop(services, context, item.delivery.handler, taken=1) if pull else None
         try:
             settlement = deliver(services, ledger_key, item.delivery, epoch=context.aws_request_id,
                                  remaining=lambda: context.get_remaining_time_in_millis() / 1000,
@@ -88,7 +88,7 @@ def pull_for(services: Services, handler: str, by: float, context: LambdaContext
         log.info("puller for %s invoked after its reservation ended; not pulling", handler)
         return {"handler": handler, "action": "late"}
     with services.flushing_events():
-        loop = _loop(services, context, handler)
+        loop = _loop(services, context, handler, taken=0)
         if loop is None:
             return {"handler": handler, "self_pulled": [], "stopped": "refused"}
         loop.first()
@@ -96,12 +96,12 @@ def pull_for(services: Services, handler: str, by: float, context: LambdaContext
         return {"handler": handler, "self_pulled": loop.self_pulled, "stopped": loop.stopped}
 
 
-def _loop(services: Services, context: LambdaContextLike, handler: str) -> SelfPull | None:
+def _loop(services: Services, context: LambdaContextLike, handler: str, *, taken: int) -> SelfPull | None:
     """The self-pull loop for ``handler``: none with ``self_pull`` off (today's executor
     exactly), nor for a long-running handler (those go to the state machine)."""
     if not services.settings.self_pull or long_running(services, handler):
         return None
-    return keep_pulling(services, context, handler, first_full=True)
+    return keep_pulling(services, context, handler, first_full=True, taken=taken)
 
 
 def _ended(loop: SelfPull | None, reason: str) -> dict[str, Any]:

@@ -10,9 +10,9 @@ moment it is pulled, so capacity never overshoots. A delivery the ledger cannot 
 settled on its own (``runtime/poison.py``); the rest of its batch goes on.
 
 Where executors keep pulling (setting ``self_pull``, docs/limits.md), a full pull for a
-short handler fans out: its deliveries go out flagged (each executor may pull the next
-itself), and up to as many pullers, executors with no delivery that pull their own, start
-on top, never more than the free slots. Each puller's slot is reserved until the ``by`` it
+short handler with a declared timeout fans out: its deliveries go out flagged (each
+executor may pull the next itself), and up to as many pullers, executors with no delivery
+that pull their own, start on top, never more than the free slots. Each puller's slot is reserved until the ``by`` it
 was given (it never takes a first slot later), and every count of capacity adds the
 reservations still running, so the scheduler and its pullers never fill the same slot.
 """
@@ -40,6 +40,7 @@ from ..errors import (
     RateLimitedError,
     ServerUnavailableError,
     SessionUnavailableError,
+    UnknownHandlerError,
 )
 from ..model import Delivery
 from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
@@ -284,10 +285,17 @@ class Scheduler:
                                               live_at=now) + self._reservations.held(now)
 
     def _fans_out(self, handler: str, deliveries: list[Delivery], room: int) -> bool:
-        """A full pull for a short handler, with executors that keep pulling: more is waiting
-        than this pull could take, and executors can take it themselves."""
-        return (self.services.settings.self_pull and bool(deliveries) and len(deliveries) >= room
-                and not long_running(self.services, handler))
+        """A full pull, with executors that keep pulling, for a handler they pull for: more is
+        waiting than this pull could take, and executors can take it themselves. Not for a
+        long-running handler (the state machine runs those), nor for one without a declared
+        timeout (it is promised the executor's whole time, so no executor pulls after it)."""
+        if not (self.services.settings.self_pull and deliveries and len(deliveries) >= room):
+            return False
+        try:
+            spec = self.services.registry.get(handler)
+        except UnknownHandlerError:  # the executor reports it as a failure
+            return False
+        return spec.timeout is not None and not long_running(self.services, handler)
 
     def _start_pullers(self, handler: str, count: int, by: float, pending: _Pending,
                        report: TickReport) -> int:

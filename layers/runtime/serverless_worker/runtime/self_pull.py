@@ -128,9 +128,14 @@ class SelfPull:
     _control: Mapping[str, Any] = field(default_factory=dict)
     _in_flight: int = 0
     _session: Any = None
+    _lambda_limit: float = 0.0
+    _pull_error: str | None = None  # "rate_limited", "session" or "pull_error": the last pull raised
 
     def __post_init__(self) -> None:
         self._session = self._held_session()
+        # The invocation's whole time, as the first delivery's run sees it: whether a handler
+        # can never fit is judged against it, never against what a late run has left.
+        self._lambda_limit = self._remaining()
 
     # -- what the executor calls -----------------------------------------------------
     def settler(self) -> Settler:
@@ -187,7 +192,7 @@ class SelfPull:
             self._stop("pull_error")
             raise
 
-    def _facts(self, *, pull_error: str | None = None) -> Facts:
+    def _facts(self) -> Facts:
         services, settings = self.services, self.services.settings
         now = services.clock()
         if self.new_slot or now - self._checked_at >= settings.self_pull_check_seconds:
@@ -203,7 +208,8 @@ class SelfPull:
                      report_margin=settings.report_margin_seconds, done=self.done,
                      max_jobs=settings.self_pull_max_jobs, control=self._control, handler=self.handler,
                      in_flight=self._in_flight, limit=capacity_limit(settings), new_slot=self.new_slot,
-                     session_ok=self._session_ok(), pull_error=pull_error)
+                     session_ok=self._pull_error != "session" and self._session_ok(),
+                     pull_error=self._pull_error if self._pull_error != "session" else None)
 
     def _session_ok(self) -> bool:
         """A fresh stored session, never a bootstrap (Pipelogiq), and the same one this loop began with."""
@@ -228,23 +234,24 @@ class SelfPull:
         services = self.services
         request = PullRequest(handler=self.handler, max_items=1, wait_seconds=0,
                               criteria=criteria(services, self.handler))
+        # Each error ends the loop (stop_reason), none is waited on: pacing and back-off
+        # are the scheduler's.
         try:
             deliveries = services.call(lambda p: _pull_noting_unaddressable(p, request))
         except RateLimitedError as err:
             log.info("self-pull rate limited: %s", err)
-            self._stop("rate_limited")
+            self._pull_error = "rate_limited"
             return
         except SessionExpiredError as err:
-            log.info("self-pull stopped, worker session rejected: %s", err)
-            self._stop("session")
+            log.info("self-pull: worker session rejected: %s", err)
+            self._pull_error = "session"
             return
         except (ProtocolError, ConfigurationError) as err:
-            log.warning("self-pull stopped, pull failed: %s", err)
-            self._stop("pull_error")
+            log.warning("self-pull: pull failed: %s", err)
+            self._pull_error = "pull_error"
             return
         self.last_full = len(deliveries) >= 1
         if not deliveries:
-            self._stop("empty")
             return
         for extra in deliveries[1:]:  # never more than asked; a server that sends more gets them back
             self._give_back(extra)
@@ -304,7 +311,7 @@ class SelfPull:
                 settlement = settle(self.settler(), key, delivery, item.outcome)
             else:
                 settlement = deliver(services, key, delivery, epoch=pulled.epoch, remaining=self._remaining,
-                                     settler=self.settler())
+                                     lambda_limit=self._lambda_limit, settler=self.settler())
             action = settlement.action
             self.after(settlement)
         except StaleWriteError:
@@ -369,10 +376,11 @@ class SelfPull:
 
 
 def keep_pulling(services: Services, context: LambdaContextLike, handler: str, *,
-                 first_full: bool) -> SelfPull:
+                 first_full: bool, taken: int = 1) -> SelfPull:
     """The loop for ``handler``, to pass its :meth:`SelfPull.settler` to the first delivery
-    (``first_full``: the pull that brought it came back full) and then :meth:`SelfPull.run`."""
-    return SelfPull(services, context, handler, last_full=first_full)
+    (``first_full``: the pull that brought it came back full; ``taken``: the deliveries this
+    invocation already has, 1 with the event's, 0 for a puller) and then :meth:`SelfPull.run`."""
+    return SelfPull(services, context, handler, last_full=first_full, done=taken)
 
 
 def _pull_noting_unaddressable(protocol: WorkerProtocol, request: PullRequest) -> list[Delivery]:
