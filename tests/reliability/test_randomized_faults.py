@@ -240,7 +240,9 @@ def drive(env: Any, runs: Any) -> tuple[Observed, dict[str, int]]:
         facts["invocations_retried"] += retry_failed_invocations(env)
         still_open = open_jobs(env)
         print(f"tick {tick}: {time.monotonic() - started:.1f}s pulled {report['pulled']} duplicates "
-              f"{report['duplicates']} errors {len(report['errors'])}; open {dict(still_open)}")
+              f"{report['duplicates']} errors {len(report['errors'])}; open {dict(still_open)}"
+              + (f"; stopped {report.get('stopped')} unfit {report.get('unfit')} errors {report['errors'][:2]}"
+                 if not report["pulled"] else ""))
         if not still_open:
             wait_for(lambda: results_applied(env), timeout=30, what="every result received applied or fenced")
             observed = observe(env, runs.counts())
