@@ -175,9 +175,10 @@ def die_self_pulled(job: Job[Any]) -> Any:
         return {"survived": True}
 
 
-@handler("e2e.slow-timed-long", timeout=60)
+@handler("e2e.slow-timed-long", timeout=30)
 def slow_timed_long(job: Job[Any]) -> Any:
-    """e2e.slow with room for a long sleep (the deployed tier's slow backlog)."""
+    """e2e.slow with room for a long sleep (the deployed tier's slow backlog): within a 60 s
+    executor less its report margin, and leaving a self-pulling executor time for a second job."""
     with _recorded("e2e.slow-timed-long", job):
         seconds = float((job.input or {}).get("sleep", 0.5))
         job.wait(seconds)
