@@ -77,7 +77,9 @@ _SCHEDULER_POOLS = ("dispatch_", "pull_")  # the scheduler's thread pools (runti
 # What the model's jobs per second per 1,000 concurrent executions leaves out (printed with it).
 MODEL_ASSUMPTIONS = (
     "each job holds an execution for its executor ms (pull, record, run, report and final write); the "
-    "scheduler gets its memory's vCPU share and the CPU per job measured here; not limiting, though real: "
+    "scheduler gets its memory's vCPU share and, per job, the CPU measured here (self-pull: its CPU per "
+    "executor started over self_pull_max_jobs, the jobs one executor runs under a long backlog); not "
+    "limiting, though real: "
     "the job server's own rate limits (Pipelogiq answers 429 past its in-flight limit), Lambda's burst "
     "limits, and DynamoDB: the in-flight index has one partition key (scope) per InstanceId, written twice "
     "a job (record and final), so at ~1,000 WCU/s a partition caps one InstanceId near 500 jobs/s")
@@ -296,6 +298,7 @@ class EntryStack:
             loaded = load_settings()
             self.schedule_seconds = float(loaded.schedule_seconds)
             self.capacity = min(loaded.max_in_flight, loaded.executor_reserved_concurrency or loaded.max_in_flight)
+            self.self_pull_max_jobs = loaded.self_pull_max_jobs
         except BaseException:
             self._exit.close()
             raise
@@ -426,8 +429,15 @@ def _figures(protocol: str, path: str, jobs: int, stack: EntryStack, records: li
         steps_memory_mb=memory["StepsFunction"], long_path={"transitions": 0, "lambda_invocations": 0},
         ledger_units=(ledger_table + other, ledger_index),
         lambda_requests_per_job=sum(invocations.values()) / jobs, scheduler_gb_seconds_per_job=scheduler_gb_s)
+    # The model's scheduler work per job. The scheduler path: what it spent per job here. The
+    # self-pull path: the scheduler starts executors, not jobs; under a long backlog each one
+    # runs up to self_pull_max_jobs jobs, so its work per job is its work per executor started
+    # (this run's, tick overheads included) over that. A short backlog (jobs / capacity per
+    # executor here) says less about that steady state than the cap does.
+    per_start = meter.scheduler_cpu_s / max(1, executor_runs)
+    model_scheduler_cpu = per_start / stack.self_pull_max_jobs if self_pull else scheduler_cpu
     model = cost.jobs_per_second_per_thousand(
-        executor_ms_per_job=executor_ms, scheduler_cpu_s_per_job=scheduler_cpu,
+        executor_ms_per_job=executor_ms, scheduler_cpu_s_per_job=model_scheduler_cpu,
         scheduler_memory_mb=memory["SchedulerFunction"])
     p50, p95 = percentile(pickup, 50), percentile(pickup, 95)
     errors = list(stack.errors) + [e for tick in meter.ticks for e in tick.get("errors", [])]
@@ -456,7 +466,10 @@ def _figures(protocol: str, path: str, jobs: int, stack: EntryStack, records: li
                           "mean": statistics.fmean(pickup) if pickup else None},
         "usd_per_million_short_jobs": priced["short_path_usd"],
         "usd_breakdown": priced["short_path"],
-        "per_1000_concurrent": {**model, "assumptions": MODEL_ASSUMPTIONS},
+        "per_1000_concurrent": {**model, "assumptions": MODEL_ASSUMPTIONS,
+                                "scheduler_cpu_s_per_executor": per_start,
+                                "scheduler_cpu_s_per_job": model_scheduler_cpu,
+                                "jobs_per_executor": stack.self_pull_max_jobs if self_pull else 1},
         "ticks": len(meter.ticks),
         "pulls": sum(int(t.get("pulls", 0)) for t in meter.ticks),
         "calls_per_job": {name: count / jobs for name, count in sorted(calls.items())},

@@ -115,10 +115,16 @@ def test_self_pull_writes_three_ledger_writes_a_job(self_pulled: dict) -> None:
     assert self_pulled["ledger_units_per_job"] < 6
 
 
-def test_self_pull_model_is_bounded_by_executor_time(self_pulled: dict) -> None:
+def test_self_pull_model_prices_the_scheduler_per_executor_started(self_pulled: dict) -> None:
+    # Executors hold their executions for executor ms per job; the scheduler starts executors,
+    # each running up to self_pull_max_jobs (100) jobs under a long backlog.
     model = self_pulled["per_1000_concurrent"]
     assert model["executor_bound"] == pytest.approx(1000 / (self_pulled["executor_ms_per_job"] / 1000))
-    assert model["jobs_per_s"] <= model["executor_bound"]
+    assert model["jobs_per_executor"] == 100
+    assert model["scheduler_cpu_s_per_executor"] == pytest.approx(
+        self_pulled["scheduler_cpu_s_per_job"] * JOBS / self_pulled["invocations"]["ExecutorFunction"])
+    assert model["scheduler_cpu_s_per_job"] == pytest.approx(model["scheduler_cpu_s_per_executor"] / 100)
+    assert model["jobs_per_s"] == min(model["executor_bound"], model["scheduler_bound"]) > 0
     assert "500 jobs/s" in model["assumptions"]  # the in-flight index's one partition per instance
 
 
