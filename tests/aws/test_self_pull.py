@@ -212,3 +212,24 @@ def test_a_drain_mid_loop_stops_the_pulling(worker_env: Any, runs: Any, protocol
     rest = env.stack.invoke("ExecutorFunction", {"pull": {"handler": "sp.quick", "by": time.time() + 60}})
     assert rest["stopped"] == "empty" and len(rest["self_pulled"]) == 5, rest
     settled_once(env, runs)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_through_the_scheduler_a_backlog_drains_in_fewer_invocations(worker_env: Any, runs: Any,
+                                                                     protocol: str) -> None:
+    # The whole path: the scheduler's full pull flags its deliveries (and may start pullers),
+    # and the executors keep pulling after them.
+    from e2e_support import run_until
+
+    env = start(worker_env, protocol, 20)
+
+    reports = run_until(env, lambda: all(done(protocol, job) for job in env.admin.jobs()), what="every job done",
+                        window=2.0, ticks=4)
+
+    settled_once(env, runs)
+    assert sum(runs.counts.values()) == 20 and runs.max_active <= 5
+    print(f"\n[{protocol}] {executor_invocations(env)} executor invocations for 20 jobs")
+    assert executor_invocations(env) < 20, (executor_invocations(env), reports)
+    modes = Counter(item.dispatch_mode for item in ledger(env))
+    assert modes[DispatchMode.SELF_PULLED] > 0 and sum(modes.values()) == 20, modes
+    assert in_flight(env) == 0

@@ -124,3 +124,19 @@ def test_the_package_logs_at_its_setting_in_lambda(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(logging.getLogger(), "level", root)
     _package_log_level(setting)
     assert logging.getLogger("serverless_worker").getEffectiveLevel() == expected
+
+
+@pytest.mark.parametrize("event", [
+    pytest.param({}, id="empty"),
+    pytest.param({"ledger_key": ""}, id="empty-key"),
+    pytest.param({"pull": True}, id="pull-flag-without-a-key"),
+    pytest.param({"pull": {"handler": "h"}}, id="puller-without-by"),
+    pytest.param({"pull": {"handler": "", "by": 1.0}}, id="puller-without-handler"),
+    pytest.param({"pull": {"handler": "h", "by": True}}, id="puller-by-a-bool"),
+    pytest.param(["ledger_key"], id="not-an-object"),
+])
+def test_an_executor_event_of_no_known_shape_is_refused_before_anything_is_built(event: Any) -> None:
+    # no environment at all: the event is checked first, and its error names the shapes
+    with pytest.raises(ConfigurationError, match='"ledger_key"') as raised:
+        entry.execute_delivery(event, LocalContext("test", timeout_seconds=30))
+    assert '"pull": {"handler"' in str(raised.value)

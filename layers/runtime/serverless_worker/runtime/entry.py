@@ -154,23 +154,20 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
     from .executor import execute, pull_for
     from .retry_owners import CLIENT_RETRIED
 
+    key, pull, puller = _executor_event(event)
     services = services_from_environment()
-    event = event if isinstance(event, dict) else {}
-    key, pull = event.get("ledger_key"), event.get("pull")
     m = _metrics()
-    if isinstance(pull, dict) and not key:
-        handler, by = pull.get("handler"), pull.get("by")
-        if not isinstance(handler, str) or not handler or isinstance(by, bool) or not isinstance(by, int | float):
-            raise ConfigurationError("puller event must be {\"pull\": {\"handler\": \"...\", \"by\": <epoch seconds>}}")
+    if puller is not None:
+        handler, by = puller
         if not services.settings.self_pull:
             log.warning("puller event for %s ignored: self_pull is off", handler)
             return {"handler": handler, "action": "skipped", "stopped": "off"}
-        result = pull_for(services, handler, float(by), context)
+        result = pull_for(services, handler, by, context)
         if result.get("action") == "late":
             m.add("PullersLate", 1)
-    elif isinstance(key, str) and key:
+    else:
         try:
-            result = execute(services, key, context, pull=pull is True and services.settings.self_pull)
+            result = execute(services, key, context, pull=pull and services.settings.self_pull)
         except CLIENT_RETRIED as err:
             # The client retried the call as long as it could and gave up; the settling call is
             # noted on the ledger item, where the reaper takes it up at the noted time. Raising
@@ -178,13 +175,26 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
             log.warning("delivery %s left to the reaper: %s", key, err)
             result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
         m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
-    else:
-        raise ConfigurationError("executor event must be {\"ledger_key\": \"...\"}")
-    for pulled in result.get("self_pulled") or ():
+    for pulled in result.get("self_pulled") or ():  # Jobs_<action> once per delivery, not per invocation
         m.add(f"Jobs_{pulled['action']}", 1)
         m.add("SelfPulled", 1)
     m.flush()
     return result
+
+
+def _executor_event(event: Any) -> tuple[str, bool, tuple[str, float] | None]:
+    """``(ledger key, pull flag, None)`` for a delivery, ``("", False, (handler, by))`` for a
+    puller (runtime/dispatch.py); a ConfigurationError naming the shapes for anything else."""
+    body = event if isinstance(event, dict) else {}
+    key, pull = body.get("ledger_key"), body.get("pull")
+    if isinstance(key, str) and key:
+        return key, pull is True, None
+    if key is None and isinstance(pull, dict):
+        handler, by = pull.get("handler"), pull.get("by")
+        if isinstance(handler, str) and handler and isinstance(by, int | float) and not isinstance(by, bool):
+            return "", False, (handler, float(by))
+    raise ConfigurationError('executor event must be {"ledger_key": "..."} (with "pull": true after a full '
+                             'pull) or {"pull": {"handler": "...", "by": <epoch seconds>}}')
 
 
 @_clear_errors

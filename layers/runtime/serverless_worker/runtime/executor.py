@@ -13,6 +13,11 @@ claim (fences a duplicate invocation, and its run count tells a retry that the h
 may have run); the stored outcome (before the report, so a retry re-reports it); the
 final write after report and ack (leaves the in-flight index, so capacity frees up and
 the reaper never re-reports). Counters are not among them (``runtime.counters``).
+
+Where executors keep pulling (setting ``self_pull``), an executor whose delivery came from
+a full pull, or a puller the scheduler started, goes on with the next delivery of the same
+handler itself (``runtime/self_pull.py``): recorded and claimed in one write, so such a
+job costs three.
 """
 
 from __future__ import annotations
