@@ -31,10 +31,18 @@ Measured, nothing in the runtime changed:
 - $ per million short jobs: ``cost.per_million_jobs`` with these counts, and the model's
   jobs per second per 1,000 concurrent executions (``cost.jobs_per_second_per_thousand``).
 
-``path`` names how deliveries reach executors. ``"scheduler"`` is today's: the scheduler
-pulls, records and invokes one executor per delivery. Another path adds its name to
-:data:`PATH_SETTINGS` with the settings (``SW_*``) that switch it on; the run, the counts and
-the report (one column per path) stay as they are.
+``path`` names how deliveries reach executors. ``"scheduler"`` is the scheduler's own: it
+pulls, records and invokes one executor per delivery (``self_pull`` pinned off, whatever the
+template's default). ``"self-pull"``: an executor that finished a job pulls the next for its
+handler itself while pulls come back full, and a full pull makes the scheduler start more
+executors (docs/limits.md). Each path is :data:`PATH_SETTINGS`' settings (``SW_*``) over the
+template's defaults; the run, the counts and the report (one column per path) are the same.
+
+Besides, per job: DynamoDB reads (the in-flight counts and control reads executors add), and
+the most jobs the server saw held at once (taken and not yet settled), which capacity bounds
+on either path. The model's jobs per second on the self-pull path is bounded by executor
+seconds per job (the scheduler's CPU per job is near zero there); its assumptions are in
+:data:`MODEL_ASSUMPTIONS`.
 """
 
 from __future__ import annotations
@@ -55,16 +63,26 @@ from unittest import mock
 
 from .harness import HANDLER, MotoProcess, SandboxProcess, percentile
 
-__all__ = ["PATHS", "PATH_SETTINGS", "SETTLE_CALL", "job_times", "measure_backlog", "pickup_while_busy"]
+__all__ = ["MODEL_ASSUMPTIONS", "PATHS", "PATH_SETTINGS", "SETTLE_CALL", "held_at_once", "job_times",
+           "measure_backlog", "pickup_while_busy"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # The settings each delivery path runs with, beside the template's defaults.
-PATH_SETTINGS: dict[str, dict[str, Any]] = {"scheduler": {}}
+PATH_SETTINGS: dict[str, dict[str, Any]] = {"scheduler": {"self_pull": False}, "self-pull": {"self_pull": True}}
 PATHS = tuple(PATH_SETTINGS)
 # The call that settles a job, per protocol (its count on the sandbox says when the backlog is done).
 SETTLE_CALL = {"pipelogiq": "result", "priostack": "complete", "claimqueue": "result"}
 _FUNCTIONS = {"SchedulerFunction": "scheduler", "ExecutorFunction": "executor", "StepsFunction": "steps"}
 _SCHEDULER_POOLS = ("dispatch_", "pull_")  # the scheduler's thread pools (runtime/scheduler.py)
+# What the model's jobs per second per 1,000 concurrent executions leaves out (printed with it).
+MODEL_ASSUMPTIONS = (
+    "each job holds an execution for its executor ms (pull, record, run, report and final write); the "
+    "scheduler gets its memory's vCPU share and, per job, the CPU measured here (self-pull: its CPU per "
+    "executor started over self_pull_max_jobs, the jobs one executor runs under a long backlog); not "
+    "limiting, though real: "
+    "the job server's own rate limits (Pipelogiq answers 429 past its in-flight limit), Lambda's burst "
+    "limits, and DynamoDB: the in-flight index has one partition key (scope) per InstanceId, written twice "
+    "a job (record and final), so at ~1,000 WCU/s a partition caps one InstanceId near 500 jobs/s")
 _SCHEDULED_EVENT = {"source": "aws.events", "detail-type": "Scheduled Event",
                     "resources": ["arn:aws:events:us-east-1:123456789012:rule/bench-tick"], "detail": {}}
 
@@ -104,6 +122,24 @@ def pickup_while_busy(times: list[tuple[float | None, float | None, list[float]]
             continue
         waits.append(max(0.0, at - max(available, settles[k - capacity])))
     return waits
+
+
+def held_at_once(times: list[tuple[float | None, float | None, list[float]]]) -> int:
+    """The most jobs taken and not yet settled at one moment, on the sandbox's clock (at a
+    tie the settle counts first: the slot it frees is the one the take uses)."""
+    edges: list[tuple[float, int]] = []
+    for _, taken, settles in times:
+        if taken is None:
+            continue
+        edges.append((taken, 1))
+        after = [s for s in settles if s >= taken]
+        if after:
+            edges.append((min(after), -1))
+    peak = current = 0
+    for _, delta in sorted(edges):
+        current += delta
+        peak = max(peak, current)
+    return peak
 
 
 # -- the emulated stack ---------------------------------------------------------------
@@ -224,6 +260,7 @@ class EntryStack:
                 "SW_LEASE_RENEW_SECONDS": str(params["LeaseRenewSeconds"]),
                 "SW_EXECUTOR_RESERVED_CONCURRENCY": str(params["ExecutorReservedConcurrency"]),
                 "SW_DISPATCH_TIMEOUT_SECONDS": "420", "SW_LIVENESS": str(params["Liveness"]),
+                "SW_SELF_PULL": str(params["SelfPull"]),
                 "SW_LOG_LEVEL": "ERROR", "POWERTOOLS_LOG_LEVEL": "ERROR",
                 "POWERTOOLS_SERVICE_NAME": "serverless-worker-bench",
                 "POWERTOOLS_METRICS_NAMESPACE": "ServerlessWorker",
@@ -261,6 +298,7 @@ class EntryStack:
             loaded = load_settings()
             self.schedule_seconds = float(loaded.schedule_seconds)
             self.capacity = min(loaded.max_in_flight, loaded.executor_reserved_concurrency or loaded.max_in_flight)
+            self.self_pull_max_jobs = loaded.self_pull_max_jobs
         except BaseException:
             self._exit.close()
             raise
@@ -372,8 +410,16 @@ def _figures(protocol: str, path: str, jobs: int, stack: EntryStack, records: li
     ledger_index = writes.units["index:delivery"] / jobs
     other = sum(v for k, v in writes.units.items() if not k.endswith(":delivery")) / jobs
     scheduler_wall = meter.wall_s["SchedulerFunction"]
-    executor_ms = (executor_ms_alone * executor_runs / jobs if executor_ms_alone is not None
-                   else 1000 * meter.wall_s["ExecutorFunction"] / jobs)
+    # A lone run's mean prices one invocation of one job; an executor that keeps pulling runs
+    # several jobs an invocation, each costing it about a lone run (its pull replaces the
+    # scheduler's), so that path is priced per job.
+    self_pull = bool(PATH_SETTINGS[path].get("self_pull"))
+    if executor_ms_alone is None:
+        executor_ms = 1000 * meter.wall_s["ExecutorFunction"] / jobs
+    elif self_pull:
+        executor_ms = executor_ms_alone
+    else:
+        executor_ms = executor_ms_alone * executor_runs / jobs
     memory = stack.memory_mb
     scheduler_gb_s = scheduler_wall * memory["SchedulerFunction"] / 1024 / jobs
     scheduler_cpu = meter.scheduler_cpu_s / jobs
@@ -383,8 +429,15 @@ def _figures(protocol: str, path: str, jobs: int, stack: EntryStack, records: li
         steps_memory_mb=memory["StepsFunction"], long_path={"transitions": 0, "lambda_invocations": 0},
         ledger_units=(ledger_table + other, ledger_index),
         lambda_requests_per_job=sum(invocations.values()) / jobs, scheduler_gb_seconds_per_job=scheduler_gb_s)
+    # The model's scheduler work per job. The scheduler path: what it spent per job here. The
+    # self-pull path: the scheduler starts executors, not jobs; under a long backlog each one
+    # runs up to self_pull_max_jobs jobs, so its work per job is its work per executor started
+    # (this run's, tick overheads included) over that. A short backlog (jobs / capacity per
+    # executor here) says less about that steady state than the cap does.
+    per_start = meter.scheduler_cpu_s / max(1, executor_runs)
+    model_scheduler_cpu = per_start / stack.self_pull_max_jobs if self_pull else scheduler_cpu
     model = cost.jobs_per_second_per_thousand(
-        executor_ms_per_job=executor_ms, scheduler_cpu_s_per_job=scheduler_cpu,
+        executor_ms_per_job=executor_ms, scheduler_cpu_s_per_job=model_scheduler_cpu,
         scheduler_memory_mb=memory["SchedulerFunction"])
     p50, p95 = percentile(pickup, 50), percentile(pickup, 95)
     errors = list(stack.errors) + [e for tick in meter.ticks for e in tick.get("errors", [])]
@@ -403,15 +456,20 @@ def _figures(protocol: str, path: str, jobs: int, stack: EntryStack, records: li
         "ledger_table_units_per_job": ledger_table, "ledger_index_units_per_job": ledger_index,
         "other_units_per_job": other,
         "reads_per_job": writes.reads / jobs,
+        "most_held_at_once": held_at_once(times),
         "scheduler_cpu_s_per_job": scheduler_cpu,
         "scheduler_billed_s": scheduler_wall,
         "executor_ms_per_job": executor_ms,
-        "executor_ms_from": "alone" if executor_ms_alone is not None else "this run",
+        "executor_ms_from": ("this run" if executor_ms_alone is None
+                             else "alone, per job" if self_pull else "alone, per invocation"),
         "pickup_busy_s": {"p50": p50, "p95": p95, "count": len(pickup),
                           "mean": statistics.fmean(pickup) if pickup else None},
         "usd_per_million_short_jobs": priced["short_path_usd"],
         "usd_breakdown": priced["short_path"],
-        "per_1000_concurrent": model,
+        "per_1000_concurrent": {**model, "assumptions": MODEL_ASSUMPTIONS,
+                                "scheduler_cpu_s_per_executor": per_start,
+                                "scheduler_cpu_s_per_job": model_scheduler_cpu,
+                                "jobs_per_executor": stack.self_pull_max_jobs if self_pull else 1},
         "ticks": len(meter.ticks),
         "pulls": sum(int(t.get("pulls", 0)) for t in meter.ticks),
         "calls_per_job": {name: count / jobs for name, count in sorted(calls.items())},

@@ -353,7 +353,10 @@ def _backlog(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
                                                             "StepsFunction"))),
         ("ledger write units / job", lambda r: _fmt(r["ledger_units_per_job"])),
         ("  other write units / job", lambda r: _fmt(r["other_units_per_job"])),
+        ("DynamoDB reads / job", lambda r: _fmt(r.get("reads_per_job"))),
+        ("most jobs held at once", lambda r: _fmt(r.get("most_held_at_once"))),
         ("scheduler CPU ms / job", lambda r: _fmt(1000 * r["scheduler_cpu_s_per_job"])),
+        ("executor ms / job", lambda r: _fmt(r["executor_ms_per_job"], 1)),
         ("pickup while busy p50 / p95, s", lambda r: f"{_fmt(r['pickup_busy_s']['p50'])} / "
                                                     f"{_fmt(r['pickup_busy_s']['p95'])}"),
         ("$ / million short jobs", lambda r: _fmt(r["usd_per_million_short_jobs"])),
@@ -364,9 +367,10 @@ def _backlog(results: dict[str, Any], marks: dict[str, str]) -> list[str]:
     rows = [[label] + [cell(backlog[protocol][path]) for protocol, path in columns] for label, cell in cells]
     out += _table(["", *(f"{protocol} {path}" for protocol, path in columns)], rows)
     out += [f"    target {marks[key]}" for key in _BACKLOG_TARGETS]
-    out.append("    model: each job holds an execution for its executor ms (a lone run's); the scheduler gets its "
-               "memory's vCPU share and the CPU per job measured here; DynamoDB, the job server and Lambda's "
-               "burst limits not limiting")
+    assumptions = first["per_1000_concurrent"].get("assumptions") or (
+        "each job holds an execution for its executor ms (a lone run's); the scheduler gets its memory's vCPU "
+        "share and the CPU per job measured here; DynamoDB, the job server and Lambda's burst limits not limiting")
+    out.append(f"    model: {assumptions}")
     return out
 
 

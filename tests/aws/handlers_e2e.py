@@ -40,6 +40,7 @@ class Recorder:
         self.release = threading.Event()     # lets e2e.hang return
         self.started = threading.Condition(self._lock)
         self.cancel_reasons: dict[str, str | None] = {}  # e2e.progressing: why each run stopped
+        self.self_pulled: set[str] = set()  # job ids an executor pulled itself (filled by the test)
 
     def reset(self) -> None:
         with self._lock:
@@ -48,6 +49,7 @@ class Recorder:
             self.died.clear()
             self.release = threading.Event()
             self.cancel_reasons.clear()
+            self.self_pulled.clear()
 
     def enter(self, name: str, job: Job[Any]) -> None:
         with self._lock:
@@ -139,6 +141,49 @@ def die(job: Job[Any]) -> Any:
         if RECORDER.first_run_dies(job.job_id or ""):
             raise ExecutorKilled(f"executor killed while running job {job.job_id}")
         return {"survived": True}
+
+
+# The same handlers with a declared timeout: an executor pulls its next job itself only for a
+# handler with one (docs/limits.md), so the tests of executors that keep pulling run these.
+# Short enough to fit the 5 s unrenewable claim-queue leases of the fault suites.
+TIMED = 2.5
+
+
+@handler("e2e.echo-timed", timeout=TIMED)
+def echo_timed(job: Job[Any]) -> Any:
+    with _recorded("e2e.echo-timed", job):
+        return job.input
+
+
+@handler("e2e.slow-timed", timeout=TIMED)
+def slow_timed(job: Job[Any]) -> Any:
+    """e2e.slow with a timeout."""
+    with _recorded("e2e.slow-timed", job):
+        seconds = float((job.input or {}).get("sleep", 0.5))
+        job.wait(seconds)
+        job.raise_if_cancelled()
+        return {"slept": seconds, "n": (job.input or {}).get("n")}
+
+
+@handler("e2e.die-self-pulled", timeout=TIMED)
+def die_self_pulled(job: Job[Any]) -> Any:
+    """The first run of a job an executor pulled itself (``RECORDER.self_pulled``) kills that
+    executor mid-handler; every other run succeeds."""
+    with _recorded("e2e.die-self-pulled", job):
+        if job.job_id in RECORDER.self_pulled and RECORDER.first_run_dies(job.job_id or ""):
+            raise ExecutorKilled(f"executor killed while running self-pulled job {job.job_id}")
+        return {"survived": True}
+
+
+@handler("e2e.slow-timed-long", timeout=30)
+def slow_timed_long(job: Job[Any]) -> Any:
+    """e2e.slow with room for a long sleep (the deployed tier's slow backlog): within a 60 s
+    executor less its report margin, and leaving a self-pulling executor time for a second job."""
+    with _recorded("e2e.slow-timed-long", job):
+        seconds = float((job.input or {}).get("sleep", 0.5))
+        job.wait(seconds)
+        job.raise_if_cancelled()
+        return {"slept": seconds, "n": (job.input or {}).get("n")}
 
 
 def _until_released(name: str, job: Job[Any]) -> Any:

@@ -192,6 +192,7 @@ def tier(localstack: str) -> Iterator[Tier]:
         init_build = background.submit(build_init_project, sam, Path(init_dir.name), f"sw-init-{run}")
         build_seconds = sam.build()
         clients("s3").create_bucket(Bucket=sam.bucket)
+        _BUILT.append(sam)
         envs: dict[str, Env] = {}
         keys: list[str] = []
         for protocol in PROTOCOLS:
@@ -260,6 +261,47 @@ def tier(localstack: str) -> Iterator[Tier]:
 
 
 _FINISHED: list[Tier] = []
+_BUILT: list[Sam] = []  # this session's build (the tier's), reused by the self-pull stack
+
+# The self-pull stack (test_deployed_self_pull.py): the same template and parameters, with
+# executors that keep pulling (SelfPull=true as a parameter override) and handlers that
+# declare a timeout (only those are pulled that way). Priostack: a handed-back job is
+# activated again at once, where a claim-queue item would wait out its lease.
+SELF_PULL_PROTOCOL = "priostack"
+SELF_PULL_PARAMETERS = {"SelfPull": "true", "Handlers": "e2e.echo-timed,e2e.slow-timed-long", "MaxInFlight": "3",
+                        "PollWindowSeconds": "20"}
+
+
+@pytest.fixture(scope="module")
+def self_pull_stack(localstack: str) -> Iterator[Env]:
+    """One stack deployed with ``SelfPull=true`` against its own sandbox, deleted afterwards;
+    built by this session's tier if it ran, else here."""
+    run = uuid.uuid4().hex[:6]
+    if _BUILT:
+        sam = _BUILT[-1]
+    else:
+        sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=ROOT / ".aws-sam" / "deployed" / "build",
+                  bucket=f"sw-deployed-sp-{run}", log_dir=ROOT / ".aws-sam" / "deployed" / "logs")
+        sam.build()
+        clients("s3").create_bucket(Bucket=sam.bucket)
+        _BUILT.append(sam)
+    key = f"{MARK}-self-pull-key-{secrets.token_hex(8)}"
+    server = _sandbox(SELF_PULL_PROTOCOL, key)
+    stack = DeployedStack(name=f"sw-deployed-self-pull-{run}", protocol=SELF_PULL_PROTOCOL, parameters={
+        **PARAMETERS, **SELF_PULL_PARAMETERS, "Protocol": SELF_PULL_PROTOCOL, "BaseUrl": server.url,
+        **_store_key(SELF_PULL_PROTOCOL, key, run)})
+    env = Env(SELF_PULL_PROTOCOL, server, SandboxAdmin(server.url), stack)  # type: ignore[arg-type]
+    try:
+        stack.deploy_seconds = sam.deploy(stack.name, stack.parameters)
+        stack.load_outputs()
+        yield env
+    finally:
+        try:
+            sam.delete(stack.name)
+        except Exception as err:
+            print(f"teardown: sam delete {stack.name}: {err}")
+        env.admin.close()
+        server.stop()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -18,9 +18,12 @@ from pydantic import BaseModel, Field
 
 from serverless_worker import BusinessError, Job, handler
 
-__all__ = ["HANDLER", "HANDLERS_PATH", "RUNS", "Mixed", "Runs", "mixed"]
+__all__ = ["HANDLER", "HANDLERS_PATH", "RUNS", "TIMED_HANDLER", "Mixed", "Runs", "mixed", "mixed_timed"]
 
 HANDLER = "rand.mixed"
+# The same with a declared timeout, for the self-pull path (an executor pulls its next job
+# itself only for such a handler); short enough for the claim queue's 5 s unrenewable lease.
+TIMED_HANDLER = "rand.mixed-timed"
 HANDLERS_PATH = str(Path(__file__).resolve())
 
 
@@ -55,6 +58,15 @@ class Mixed(BaseModel):
 
 @handler(HANDLER, input=Mixed)
 def mixed(job: Job[Mixed]) -> dict[str, object]:
+    return _run(job)
+
+
+@handler(TIMED_HANDLER, input=Mixed, timeout=2.5)
+def mixed_timed(job: Job[Mixed]) -> dict[str, object]:
+    return _run(job)
+
+
+def _run(job: Job[Mixed]) -> dict[str, object]:
     RUNS.add(job.job_id or "")
     kind = job.input.kind
     if kind == "reject":

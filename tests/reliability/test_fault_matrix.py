@@ -23,8 +23,10 @@ from moto.core.exceptions import JsonRESTError
 from moto.stepfunctions.exceptions import StepFunctionsException
 
 from aws.conftest import Env
-from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance
+from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance, ledger
 from reliability.invariants import Observed, check, observe, record_na, record_row
+from reliability.paths import PATHS, settings
+from reliability.paths import scenario as on_path_row
 from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox import create_sandbox
 from support.waiting import poll
@@ -89,10 +91,10 @@ def _env(worker_env: Callable[..., Env], protocol: str, *, sandbox: dict[str, An
                       settings=settings)
 
 
-def _seed(env: Env, count: int, *, sleep: float = 0.2, failing: bool = True) -> None:
+def _seed(env: Env, count: int, *, sleep: float = 0.2, failing: bool = True, handler: str = "e2e.slow") -> None:
     """``count`` e2e.slow jobs, plus one e2e.boom job whose failure is final (so the
     protocol's failure call is exercised without a retry re-running the handler)."""
-    env.seed("e2e.slow", [{"sleep": sleep, "n": i} for i in range(count)])
+    env.seed(handler, [{"sleep": sleep, "n": i} for i in range(count)])
     if failing:
         if env.protocol == "priostack":
             env.seed("e2e.boom", [{"n": "boom"}], retries=1)  # fail with retries 0: an incident
@@ -173,6 +175,39 @@ def _applied_then_repeated(observed: Observed) -> int:
         return repeated
     return sum(h["event"] == "result" and not h["accepted"]
                for job in observed.jobs_raw.values() for h in job["history"])
+
+
+# The self-pull path: capacity 2 and pulls of 2, so the scheduler's first pull is full and its
+# two executors pull the rest themselves; its handler has the timeout that allows it.
+SELF_PULL = {"max_in_flight": 2, "batch_size": 2}
+SLOW = {"scheduler": "e2e.slow", "self-pull": "e2e.slow-timed"}
+
+
+def _path_env(worker_env: Callable[..., Env], protocol: str, path: str, *,
+              sandbox: dict[str, Any] | None = None) -> Env:
+    extra = SELF_PULL if path == "self-pull" else {}
+    return _env(worker_env, protocol, sandbox=sandbox, handlers=(SLOW[path],), settings=settings(path, **extra))
+
+
+def _faults_once_an_executor_finished(env: Env, monkeypatch: pytest.MonkeyPatch, rules: list[dict[str, Any]]) -> None:
+    """Switch ``rules`` on when the first executor stores an outcome: the next pulls are then
+    the executors' own (the scheduler, at capacity, pulls nothing meanwhile)."""
+    store = env.stack.store()
+    real = store.store_outcome
+    armed = threading.Event()
+
+    def store_outcome(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        if not armed.is_set():
+            armed.set()
+            env.admin.faults(rules)
+        return result
+
+    monkeypatch.setattr(store, "store_outcome", store_outcome)
+
+
+def _pull_errors(reports: list[dict[str, Any]]) -> list[str]:
+    return [e for r in reports for e in r["errors"] if e.startswith("pull")]
 
 
 # -- 1 and 2. 5xx and 429 on every endpoint ---------------------------------------------------------------
@@ -256,38 +291,56 @@ def test_result_answer_lost(worker_env: Any, recorder: Any, protocol: str) -> No
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_pull_answer_lost(worker_env: Any, recorder: Any, protocol: str) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_pull_answer_lost(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch, protocol: str,
+                          path: str) -> None:
     """The pull/activate/claim handed work out and the answer was lost: the server handed
     it to nobody. Pipelogiq's visibility timeout and the claim queue's lease lapse bring it
     back; Priostack has no activation timeout, so the jobs stay stranded until a server
-    restart (its only mechanism), after which each runs once."""
+    restart (its only mechanism), after which each runs once. On the self-pull path the
+    lost answer is an executor's own pull (one job): the executor stops pulling, nothing
+    was recorded, and the job comes back the same way."""
     sandbox = {"pipelogiq": {"visibility_timeout": 3}, "claimqueue": {"lease_seconds": 5}}.get(protocol)
-    env = _env(worker_env, protocol, sandbox=sandbox)
-    _seed(env, 3, failing=False)
-    env.admin.faults([{"kind": "drop_response", "endpoint": PULL[protocol], "count": 1}])
+    env = _path_env(worker_env, protocol, path, sandbox=sandbox)
+    _seed(env, 3, failing=False, handler=SLOW[path])
+    rules = [{"kind": "drop_response", "endpoint": PULL[protocol], "count": 1}]
+    lost = 3
+    if path == "scheduler":
+        env.admin.faults(rules)
+    else:
+        _faults_once_an_executor_finished(env, monkeypatch, rules)
+        lost = 1
 
+    reports: list[dict[str, Any]] = []
     if protocol == "priostack":
-        _drive(env, ticks=2, window=1.5, settle=0.5)
+        reports += _drive(env, ticks=2, window=1.5, settle=0.5)[0]
         stranded = observe(env, recorder.counts())
-        assert stranded.final == Counter({"active": 3}) and len(stranded.not_final) == 3, stranded.facts()
-        assert not stranded.ledger and not stranded.runs, stranded.facts()  # nobody holds them
+        assert stranded.final.get("active") == lost and len(stranded.not_final) == lost, stranded.facts()
+        held = {item.delivery.job_id for item in ledger(env)}
+        assert not held & set(stranded.not_final), stranded.facts()  # nobody holds them
+        assert not set(stranded.runs) & set(stranded.not_final), stranded.facts()
         requests.post(f"{env.server.url}/_admin/restart", timeout=5).raise_for_status()
-    _drive(env, ticks=5, window=1.5)
+    reports += _drive(env, ticks=5, window=1.5)[0]
 
-    observed = _checked(S_PULL_LOST, env, recorder.counts())
+    observed = _checked(on_path_row(S_PULL_LOST, path), env, recorder.counts())
     assert observed.faults_fired == Counter({f"drop_response@{PULL[protocol]}": 1})
     assert observed.final == Counter({OK[protocol]: 3}) and len(observed.runs) == 3, observed.facts()
+    assert set(observed.runs.values()) == {1}, observed.runs
+    whose = ""
+    if path == "self-pull":
+        assert not _pull_errors(reports), reports  # the lost answer was an executor's, not the scheduler's
+        whose = "an executor's own pull lost its answer and it stopped pulling; "
     if protocol == "pipelogiq":
         assert _events(observed, "visibility_requeue") == 1
-        detail = "the lost delivery came back by the visibility timeout (3 s) and ran once"
+        detail = whose + "the lost delivery came back by the visibility timeout (3 s) and ran once"
     elif protocol == "claimqueue":
         assert _events(observed, "lapse") == 1
-        detail = "the lost claim came back by its lease lapse (5 s) and ran once"
+        detail = whose + "the lost claim came back by its lease lapse (5 s) and ran once"
     else:
-        assert sum(len(j["restarts"]) for j in observed.jobs_raw.values()) == 3
-        detail = ("the lost activation stranded all 3 jobs (Priostack has no activation timeout) "
-                  "until a server restart; then each ran once")
-    _row(S_PULL_LOST, observed, detail)
+        assert sum(len(j["restarts"]) for j in observed.jobs_raw.values()) == lost
+        detail = whose + (f"the lost activation stranded {lost} job(s) (Priostack has no activation timeout) "
+                          "until a server restart; then each ran once")
+    _row(on_path_row(S_PULL_LOST, path), observed, detail)
 
 
 @pytest.mark.parametrize("protocol", ["pipelogiq"])
@@ -311,27 +364,39 @@ def test_ack_answer_lost(worker_env: Any, recorder: Any, protocol: str) -> None:
 
 # -- 4. duplicate deliveries -------------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_duplicate_deliveries(worker_env: Any, recorder: Any, protocol: str) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_duplicate_deliveries(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch, protocol: str,
+                              path: str) -> None:
     """The server hands out work it already gave us: the ledger recognises it, it is
-    acknowledged (Pipelogiq) or dropped unrun, and the handler runs once."""
+    acknowledged (Pipelogiq) or dropped unrun, and the handler runs once. On the self-pull
+    path the duplicates go to the executors' own pulls: record_running finds the item and
+    the copy is discarded unrun."""
     # Priostack duplicates only a job still active at the next activation (after the 1 s
     # empty-poll backoff): its handler outlasts that.
     duplicates = 1 if protocol == "priostack" else 2
-    env = _env(worker_env, protocol, handlers=("e2e.slow",))
-    _seed(env, 4, sleep=1.5 if protocol == "priostack" else 0.2, failing=False)
-    env.admin.faults([{"kind": "duplicate_delivery", "endpoint": PULL[protocol], "count": duplicates}])
+    env = _path_env(worker_env, protocol, path)
+    _seed(env, 4, sleep=1.5 if protocol == "priostack" else 0.2, failing=False, handler=SLOW[path])
+    rules = [{"kind": "duplicate_delivery", "endpoint": PULL[protocol], "count": duplicates}]
+    if path == "scheduler":
+        env.admin.faults(rules)
+    else:
+        _faults_once_an_executor_finished(env, monkeypatch, rules)
 
     reports, _ = _drive(env, ticks=4, window=2.5 if protocol == "priostack" else 1.5)
 
-    observed = _checked(S_DUPLICATES, env, recorder.counts())
+    observed = _checked(on_path_row(S_DUPLICATES, path), env, recorder.counts())
     recognised = sum(r["duplicates"] for r in reports)
-    assert observed.duplicates_delivered == duplicates == recognised, (observed.facts(), reports)
+    assert observed.duplicates_delivered == duplicates, (observed.facts(), reports)
+    if path == "scheduler":
+        assert recognised == duplicates, reports
     assert observed.final == Counter({OK[protocol]: 4}) and len(observed.runs) == 4, observed.facts()
+    assert set(observed.runs.values()) == {1}, observed.runs
     assert sum(observed.ledger.values()) == 4, observed.ledger  # duplicates get no ledger item
     settled = " and acked (every token settled)" if protocol == "pipelogiq" else ""
     noun = "delivery" if duplicates == 1 else "deliveries"
-    _row(S_DUPLICATES, observed, f"{duplicates} duplicate {noun}, each recognised by the ledger's "
-         f"conditional record and discarded unrun{settled}")
+    by = "the scheduler's" if path == "scheduler" else f"{recognised} at the scheduler's pulls, the rest at executors'"
+    _row(on_path_row(S_DUPLICATES, path), observed, f"{duplicates} duplicate {noun} ({by}), each recognised by the "
+         f"ledger's conditional record and discarded unrun{settled}")
 
 
 # -- 5. Pipelogiq sessions ------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 end (the real functions and state machine in moto against a sandbox on loopback).
 
 Scenarios: an executor killed mid-handler (Lambda retries the event, or no retry comes and
-the reaper settles it), killed between storing and reporting its outcome, a handler past
+the reaper settles it), killed between storing and reporting its outcome (both also on the
+self-pull path, where the killed delivery is one the executor pulled itself), killed after
+recording a delivery it pulled itself but before taking its lease, killed during the
+hand-over from one self-pulled delivery to the next, a handler past
 its budget (cooperative, and one that ignores cancellation), a lease refused mid-run on
 the long-running path, and redelivery while a long job runs. After each one the
 invariants of ``invariants.py`` are checked against the sandbox's own history and one row
@@ -24,17 +27,21 @@ from aws.conftest import Env
 from aws.e2e_support import (
     HANDLERS_PATH,
     PROTOCOLS,
+    LambdaCrash,
     backdate,
     crash_between_storing_and_reporting,
+    jobs_by_id,
     ledger,
+    results,
     run_until,
     take_background_errors,
     wait_for,
 )
 from reliability.conftest import HANDLERS, handlers_module
 from reliability.invariants import Observed, check, observe, record_na, record_row
+from reliability.paths import PATHS, retry_invocation, scenario, settings, watch_record_running
 from serverless_worker.local.moto_lambda import FakeLambdaContext
-from serverless_worker.model import LedgerStatus, OutcomeKind
+from serverless_worker.model import DispatchMode, LedgerStatus, OutcomeKind
 
 pytestmark = pytest.mark.aws
 
@@ -127,18 +134,28 @@ def _lambda_retry(env: Env, key: str) -> dict[str, Any]:
 
 
 # -- 1. an executor killed mid-handler ----------------------------------------------------------------------
+# Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
+# lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
+# a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load.
+KILLED_SANDBOX = {"pipelogiq": {"lease_seconds": 20}, "claimqueue": {"lease_seconds": 5}}
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("recovery", ["lambda_retry", "reaper"])
-def test_executor_killed_mid_handler(worker_env: Any, recorder: Any, protocol: str, recovery: str) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_executor_killed_mid_handler(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch,
+                                     protocol: str, recovery: str, path: str) -> None:
     """e2e.die kills its executor in the first run of each job (the invocation ends with an
     unhandled error, its ledger item left RUNNING). Either Lambda retries the event with the
     same request id, or no retry comes and the reaper settles it once its deadline passed:
-    both settle it as a timeout without running the handler; the server's retry runs it again."""
-    # Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
-    # lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
-    # a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load.
-    sandbox = {"pipelogiq": {"lease_seconds": 20}, "claimqueue": {"lease_seconds": 5}}.get(protocol)
-    env = worker_env(protocol, handlers=["e2e.die"], handler_module=HANDLERS_PATH, sandbox=sandbox)
+    both settle it as a timeout without running the handler; the server's retry runs it again.
+    On the self-pull path the killed runs are deliveries the executors pulled themselves."""
+    if path == "self-pull":
+        _killed_mid_self_pulled_handler(worker_env, recorder, monkeypatch, protocol, recovery)
+        return
+    sandbox = KILLED_SANDBOX.get(protocol)
+    env = worker_env(protocol, handlers=["e2e.die"], handler_module=HANDLERS_PATH, sandbox=sandbox,
+                     settings=settings(path))
     env.seed("e2e.die", [{"n": i} for i in range(3)], maxRetries=1, retryInterval=0)  # Priostack: retries 3
 
     _dispatch_all(env, 3)
@@ -173,9 +190,12 @@ def test_executor_killed_mid_handler(worker_env: Any, recorder: Any, protocol: s
     _check_timed_out_once(protocol, observed)
 
 
-def _check_timed_out_once(protocol: str, observed: Observed) -> None:
-    """The server saw the lost run as exactly one timeout, then the retry's success."""
-    for job in observed.jobs_raw.values():
+def _check_timed_out_once(protocol: str, observed: Observed, only: set[str] | None = None) -> None:
+    """The server saw the lost run as exactly one timeout, then the retry's success (for the
+    jobs ``only`` names, else every job)."""
+    for jid, job in observed.jobs_raw.items():
+        if only is not None and jid not in only:
+            continue
         if protocol == "pipelogiq":
             received = [(h["isSuccess"], h["errorCode"], h["retryable"]) for h in _history(job, "result_received")]
             assert received == [(False, "HANDLER_TIMEOUT", True), (True, None, None)], job["history"]
@@ -190,17 +210,291 @@ def _check_timed_out_once(protocol: str, observed: Observed) -> None:
 
 # -- 2. an executor killed between storing its outcome and reporting it --------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("path", PATHS)
 def test_executor_killed_between_storing_and_reporting(worker_env: Any, recorder: Any,
-                                                        monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+                                                        monkeypatch: pytest.MonkeyPatch, protocol: str,
+                                                        path: str) -> None:
     """test_recovery's scenario as it is (its own assertions included, shared through
     e2e_support): two executors die right after storing their outcomes; one is invoked again
     and re-reports, the reaper re-reports the other. Here it is also checked against the
-    invariants and recorded."""
+    invariants and recorded. On the self-pull path the executors die after storing the
+    outcome of a delivery they pulled themselves."""
+    if path == "self-pull":
+        _killed_self_pulled_between_storing_and_reporting(worker_env, recorder, monkeypatch, protocol)
+        return
     env = crash_between_storing_and_reporting(worker_env, recorder, monkeypatch, protocol)
     _finish("executor killed between storing and reporting", env, recorder.counts(),
             "the stored outcome was reported by the re-invoked executor (one job) and by the reaper "
             "(the other), never re-run",
             final_states={OK[protocol]})
+
+
+# -- 2b. the self-pull path: executors killed holding deliveries they pulled themselves ------------------
+class ExecutorDied(BaseException):
+    """The error a killed executor invocation ends with (see :func:`_die_here`)."""
+
+
+def _die_here(env: Any, why: str) -> None:
+    """The calling executor invocation is killed here: it runs nothing more, not even the
+    ``finally`` blocks a raised exception would run (a killed Lambda sandbox runs none). Its
+    thread is parked for good and leaves the harness's list (so waiting for the executors
+    does not wait for it); its error is kept, as an invocation that ended in one."""
+    lambdas = env.stack.lambdas
+    me = threading.current_thread()
+    with lambdas._lock:
+        if me in lambdas._threads:
+            lambdas._threads.remove(me)
+        lambdas.background_errors.append(ExecutorDied(why))
+    threading.Event().wait()
+
+
+# Two executors of capacity 2: a full pull of 2 hands each of them the pull flag, and with no
+# slot free the scheduler starts no puller, so every delivery past the first two is one an
+# executor pulled itself, before its last one's final write (the hand-over).
+SELF_PULL = {"max_in_flight": 2, "batch_size": 2}
+
+
+def _request_id(item: Any) -> str:
+    """The invocation a run belongs to: its epoch is the request id, a self-pulled run's
+    the request id and a suffix of its own (``<request id>/<run>``)."""
+    return str(item.epoch).split("/", 1)[0]
+
+
+def _work_until_stuck(env: Any, jobs: int, ticks: int = 6) -> list[dict[str, Any]]:
+    """Tick and let the executors finish until every seeded job has a ledger item, or a tick
+    pulls nothing (the dead executors' items hold the slots until the reaper frees them):
+    what is not final then belongs to a dead invocation."""
+    reports: list[dict[str, Any]] = []
+    for _ in range(ticks):
+        reports.append(env.tick(2.0))
+        env.stack.wait_idle(30)
+        if len({item.delivery.job_id for item in ledger(env)}) >= jobs or reports[-1]["pulled"] == 0:
+            return reports
+    raise AssertionError(f"still pulling after {ticks} ticks: {ledger(env)}; {reports}")
+
+
+def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch,
+                                    protocol: str, recovery: str) -> None:
+    """e2e.die-self-pulled kills its executor in the first run of each job an executor pulled
+    itself: the scheduler's deliveries succeed, then their executors pull the next job and die
+    in it. Lambda's retry replays the dead invocation's first event (its own delivery, already
+    final) and so cannot settle the self-pulled one: the reaper does, once its deadline passed,
+    as a timeout without running the handler; the server's retry runs it again."""
+    env = worker_env(protocol, handlers=["e2e.die-self-pulled"], handler_module=HANDLERS_PATH,
+                     sandbox=KILLED_SANDBOX.get(protocol), settings=settings("self-pull", **SELF_PULL))
+    armed = threading.Event()
+    armed.set()
+
+    def note(delivery: Any, item: Any, handover: bool) -> None:
+        if armed.is_set():
+            recorder.self_pulled.add(str(delivery.job_id))
+
+    noted = watch_record_running(monkeypatch, env, after=note)
+    env.seed("e2e.die-self-pulled", [{"n": i} for i in range(4)], maxRetries=1, retryInterval=0)
+
+    _work_until_stuck(env, 4)
+    armed.clear()  # from here on every job survives: what died is recovered
+    killed = [item for item in ledger(env) if item.status is LedgerStatus.RUNNING]
+    assert killed, f"no executor died in a self-pulled job: {ledger(env)}; record_running saw {noted}"
+    take_background_errors(env, "ExecutorKilled", len(killed))
+    assert all(str(item.dispatch_mode) == str(DispatchMode.SELF_PULLED) for item in killed), killed
+    assert {item.delivery.job_id for item in killed} <= recorder.self_pulled
+    if recovery == "lambda_retry":
+        for item in killed:
+            answer = retry_invocation(env, _request_id(item))
+            assert answer.get("action") != "reported" or answer.get("ledger_key") != item.key, answer
+        env.stack.wait_idle(30)
+        assert not env.stack.lambdas.background_errors, env.stack.lambdas.background_errors
+    for item in ledger(env):
+        if item.key in {k.key for k in killed} and item.status is LedgerStatus.RUNNING:
+            backdate(env, item.key)  # its run's deadline passing
+
+    reports = run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=8, settle=1.0)
+
+    assert sum(r["reaped"] for r in reports) >= 1, reports
+    outcomes = {(item.outcome.kind, item.outcome.error_code) for item in ledger(env)
+                if item.key in {k.key for k in killed} and item.outcome is not None}
+    assert outcomes == {(OutcomeKind.TIMEOUT, "EXECUTOR_LOST")}, outcomes
+    why = WHY_CRASH_RERUN.format(retry=SERVER_RETRY[protocol])
+    how = "Lambda retries the event" if recovery == "lambda_retry" else "no retry: reaper"
+    observed = _finish(
+        scenario(f"executor killed mid-handler ({how})", "self-pull"), env, recorder.counts(),
+        f"{len(killed)} executors died in a job they pulled themselves; Lambda's retry replays only the "
+        "invocation's first (final) delivery, so the reaper settled each self-pulled run past its deadline as a "
+        f"timeout without re-running it; {SERVER_RETRY[protocol]}",
+        final_states={OK[protocol]}, reruns_allowed=len(killed), why_reruns=why)
+    dead = {item.delivery.job_id for item in killed}
+    assert {jid: n for jid, n in observed.runs.items() if n > 1} == dict.fromkeys(dead, 2), observed.runs
+    assert all(n == 1 for jid, n in observed.runs.items() if jid not in dead), observed.runs
+    _check_timed_out_once(protocol, observed, only=dead)
+
+
+def _killed_self_pulled_between_storing_and_reporting(worker_env: Any, recorder: Any,
+                                                       monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    """Executors die right after storing the outcome of a delivery they pulled themselves:
+    the stored outcome is reported by the reaper (Lambda's retry replays only the first,
+    final, delivery of the invocation), never re-run."""
+    sandbox = {"lease_seconds": 20} if protocol == "pipelogiq" else None
+    env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH, sandbox=sandbox,
+                     settings=settings("self-pull", **SELF_PULL))
+    store = env.stack.store()
+    real_store_outcome = store.store_outcome
+    crashed: list[str] = []
+
+    def store_then_crash(key: str, epoch: str, outcome: Any) -> None:
+        real_store_outcome(key, epoch, outcome)
+        item = store.get(key)
+        if item is not None and str(item.dispatch_mode) == str(DispatchMode.SELF_PULLED):
+            crashed.append(key)
+            raise LambdaCrash("the executor died right after storing a self-pulled outcome")
+
+    monkeypatch.setattr(store, "store_outcome", store_then_crash)
+    env.seed("e2e.echo-timed", [{"n": i} for i in range(4)])
+    _work_until_stuck(env, 4)
+    monkeypatch.setattr(store, "store_outcome", real_store_outcome)  # from here on nobody dies
+
+    assert crashed, f"no self-pulled delivery stored an outcome: {ledger(env)}"
+    take_background_errors(env, "LambdaCrash", len(crashed))
+    stored = {item.key: item for item in ledger(env) if item.status is LedgerStatus.OUTCOME_STORED}
+    assert set(stored) == set(crashed), (stored, crashed)
+    for key in crashed:  # Lambda retries the dead invocation: its first delivery is final
+        retry_invocation(env, _request_id(stored[key]))
+    env.stack.wait_idle(30)
+    for item in ledger(env):
+        if item.status is LedgerStatus.OUTCOME_STORED:
+            backdate(env, item.key)
+    reports = run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=6, settle=1.0)
+
+    assert sum(r["reaped"] for r in reports) >= 1 or not any(
+        i.status is LedgerStatus.OUTCOME_STORED for i in ledger(env)), reports
+    jobs = jobs_by_id(env)
+    for job in jobs.values():
+        assert len(results(protocol, job)) == 1, job  # exactly one result on the server
+    assert recorder.counts() == Counter(dict.fromkeys(jobs, 1))  # never run again
+    _finish(scenario("executor killed between storing and reporting", "self-pull"), env, recorder.counts(),
+            f"{len(crashed)} executors died right after storing the outcome of a job they pulled themselves; "
+            "the reaper reported each stored outcome, never re-run", final_states={OK[protocol]})
+
+
+def _settled_once_nothing_stranded(env: Any, recorder: Any, killed_jobs: set[str], name: str, how: str) -> None:
+    """The reaper recovers what the dead executors held: every job final, one applied result
+    each, nothing in flight, and no handler run twice (the killed deliveries never ran)."""
+    for item in ledger(env):
+        if not LedgerStatus(str(item.status)).is_final:
+            backdate(env, item.key)  # the dead runs' deadlines passing
+    try:
+        reports = run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=8, settle=1.0)
+    except AssertionError as err:
+        observed = observe(env, recorder.counts())
+        stuck = {jid: observed.jobs_raw[jid].get("history") for jid in observed.not_final}
+        left = [(i.key, str(i.status), i.error) for i in ledger(env) if not LedgerStatus(str(i.status)).is_final]
+        raise AssertionError(f"{observed.facts()}; not final: {stuck}; ledger in flight: {left}") from err
+    assert sum(r["reaped"] for r in reports) >= len(killed_jobs), reports
+    observed = _finish(scenario(name, "self-pull"), env, recorder.counts(), how,
+                       final_states={OK[env.protocol]})
+    assert set(observed.runs.values()) == {1} and len(observed.runs) == observed.jobs, observed.runs
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_executor_killed_after_recording_a_self_pulled_delivery(worker_env: Any, recorder: Any,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                protocol: str) -> None:
+    """An executor records the next delivery it pulled (record_running), then dies before it
+    takes its lease or runs it: here right after its last delivery's final write. The item is
+    RUNNING under the dead run's epoch with a short deadline; the reaper settles it as a timeout
+    without running anything, and the server's retry (Pipelogiq maxRetries 1, Priostack
+    retries, the claim queue's lease lapse) runs the job once."""
+    env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH,
+                     sandbox=KILLED_SANDBOX.get(protocol),
+                     settings=settings("self-pull", **SELF_PULL))
+    store = env.stack.store()
+    pending: dict[int, str] = {}  # invocation thread -> the job it recorded and has not run yet
+    killed: list[str] = []
+    lock = threading.Lock()
+    armed = threading.Event()
+    armed.set()
+
+    def after(delivery: Any, item: Any, handover: bool) -> None:
+        with lock:
+            if len(killed) >= 2 or not armed.is_set():
+                return
+            if not handover:  # a puller's first pull: nothing else to finish
+                killed.append(str(delivery.job_id))
+            else:
+                pending[threading.get_ident()] = str(delivery.job_id)
+                return
+        _die_here(env, f"killed after recording {delivery.job_id}")
+
+    noted = watch_record_running(monkeypatch, env, after=after)
+    real_final = store.mark_acknowledged
+
+    def final_then_die(key: str, *args: Any, **kwargs: Any) -> Any:
+        result = real_final(key, *args, **kwargs)
+        with lock:
+            job = pending.pop(threading.get_ident(), None)
+            if job is None or len(killed) >= 2 or not armed.is_set():
+                return result
+            killed.append(job)
+        _die_here(env, f"killed after recording {job}, before its lease")
+        return result
+
+    monkeypatch.setattr(store, "mark_acknowledged", final_then_die)
+    env.seed("e2e.echo-timed", [{"n": i} for i in range(4)], maxRetries=1, retryInterval=0)
+    _work_until_stuck(env, 4)
+    armed.clear()  # from here on nobody dies: what died is recovered
+
+    assert killed, f"no executor recorded a delivery it pulled itself: {noted}"
+    take_background_errors(env, "ExecutorDied", len(killed))
+    held = [item for item in ledger(env) if item.delivery.job_id in set(killed)]
+    assert all(item.status is LedgerStatus.RUNNING for item in held), held
+    assert not any(jid in killed for jid in recorder.counts()), recorder.counts()  # none ran
+    _settled_once_nothing_stranded(
+        env, recorder, set(killed), "executor killed after recording a self-pulled delivery, before its lease",
+        f"{len(killed)} executors died holding a delivery they had recorded but not started; the reaper "
+        "settled each as a timeout past its deadline and the server handed the job out again; each job ran once")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_executor_killed_during_the_hand_over(worker_env: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch,
+                                              protocol: str) -> None:
+    """An executor reported and acknowledged delivery N, pulled and recorded N+1, and died
+    before N's final write. The reaper finishes N (its report is repeated and found applied)
+    and settles N+1 as a timeout without running it; the server's retry runs N+1 once."""
+    env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH,
+                     sandbox=KILLED_SANDBOX.get(protocol),
+                     settings=settings("self-pull", **SELF_PULL))
+    killed: list[str] = []
+    lock = threading.Lock()
+    armed = threading.Event()
+    armed.set()
+
+    def after(delivery: Any, item: Any, handover: bool) -> None:
+        with lock:
+            if not handover or len(killed) >= 2 or not armed.is_set():
+                return
+            killed.append(str(delivery.job_id))
+        _die_here(env, f"killed in the hand-over to {delivery.job_id}")
+
+    noted = watch_record_running(monkeypatch, env, after=after)
+    env.seed("e2e.echo-timed", [{"n": i} for i in range(4)], maxRetries=1, retryInterval=0)
+    _work_until_stuck(env, 4)
+    armed.clear()  # from here on nobody dies: what died is recovered
+
+    assert killed, f"no executor handed its slot over to a delivery it pulled itself: {noted}"
+    take_background_errors(env, "ExecutorDied", len(killed))
+    items = ledger(env)
+    taken = [item for item in items if item.delivery.job_id in set(killed)]
+    assert all(item.status is LedgerStatus.RUNNING for item in taken), taken
+    # N: reported and acknowledged on the server, its final write missing.
+    unfinished = [item for item in items if item.delivery.job_id not in set(killed)
+                  and not LedgerStatus(str(item.status)).is_final]
+    assert len(unfinished) == len(killed), items
+    assert all(item.status in (LedgerStatus.OUTCOME_STORED, LedgerStatus.REPORTED) for item in unfinished), items
+    _settled_once_nothing_stranded(
+        env, recorder, set(killed), "executor killed during the hand-over (N acked, N+1 recorded)",
+        f"{len(killed)} executors died after acknowledging N and recording N+1, before N's final write; the "
+        "reaper finished N (acknowledged again, found settled) and settled N+1 as a timeout; the server handed "
+        "N+1 out again and it ran once")
 
 
 # -- 3. a handler past its budget -----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import requests
 from invariants import FINAL_STATES, Observed, check, observe, record_row
 
 from aws.e2e_support import PROTOCOLS, in_flight, ledger
+from reliability.paths import PATHS, scenario, settings
 from serverless_worker.model import LedgerStatus
 from serverless_worker.registry import load_handlers
 from support.waiting import wait_for
@@ -45,6 +46,7 @@ pytestmark = pytest.mark.aws
 # Loaded by path, as the functions load it; not imported here (one module object, one RUNS).
 HANDLERS_PATH = str(Path(__file__).with_name("randomized_handlers.py"))
 HANDLER = "rand.mixed"
+HANDLER_ON = {"scheduler": HANDLER, "self-pull": "rand.mixed-timed"}  # the self-pull path needs a timeout
 
 SEED = int(os.environ.get("SWTEST_FAULT_SEED", "5150"))
 JOBS = 500
@@ -128,20 +130,20 @@ def runs() -> Any:
     return counter
 
 
-def seed_jobs(env: Any, mix: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+def seed_jobs(env: Any, mix: list[tuple[str, dict[str, Any]]], handler: str = HANDLER) -> dict[str, str]:
     """Seed every job in one admin call, in the mix's order; job id -> kind. Failing jobs get
     one server-side retry (Pipelogiq maxRetries=1, Priostack retries=2)."""
     if env.protocol == "pipelogiq":
         created = env.admin.seed({"pipelines": [
             {"name": f"rand-{value['n']}", "stages": [{
-                "stageName": HANDLER, "stageHandlerName": HANDLER, "input": json.dumps(value),
+                "stageName": handler, "stageHandlerName": handler, "input": json.dumps(value),
                 "options": {"maxRetries": 1, "retryInterval": 0} if kind == "boom" else {}}]}
             for kind, value in mix]})["jobIds"]
     elif env.protocol == "priostack":
-        created = env.admin.seed({"jobs": [{"type": HANDLER, "variables": value, "retries": 2 if kind == "boom" else 3}
+        created = env.admin.seed({"jobs": [{"type": handler, "variables": value, "retries": 2 if kind == "boom" else 3}
                                            for kind, value in mix]})
     else:
-        created = env.admin.seed({"queue": HANDLER, "items": [value for _, value in mix]})
+        created = env.admin.seed({"queue": handler, "items": [value for _, value in mix]})
     assert len(created) == len(mix), created
     return {str(jid): kind for jid, (kind, _) in zip(created, mix, strict=True)}
 
@@ -238,7 +240,9 @@ def drive(env: Any, runs: Any) -> tuple[Observed, dict[str, int]]:
         facts["invocations_retried"] += retry_failed_invocations(env)
         still_open = open_jobs(env)
         print(f"tick {tick}: {time.monotonic() - started:.1f}s pulled {report['pulled']} duplicates "
-              f"{report['duplicates']} errors {len(report['errors'])}; open {dict(still_open)}")
+              f"{report['duplicates']} errors {len(report['errors'])}; open {dict(still_open)}"
+              + (f"; stopped {report.get('stopped')} unfit {report.get('unfit')} errors {report['errors'][:2]}"
+                 if not report["pulled"] else ""))
         if not still_open:
             wait_for(lambda: results_applied(env), timeout=30, what="every result received applied or fenced")
             observed = observe(env, runs.counts())
@@ -277,11 +281,14 @@ def justified_reruns(env: Any, observed: Observed) -> dict[str, str]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_randomized_faults(worker_env: Any, runs: Any, protocol: str) -> None:
-    env = worker_env(protocol, handlers=[HANDLER], handler_module=HANDLERS_PATH, sandbox=SANDBOX[protocol],
-                     settings=SETTINGS)
+@pytest.mark.parametrize("path", PATHS)
+def test_randomized_faults(worker_env: Any, runs: Any, protocol: str, path: str) -> None:
+    """On the scheduler path (pinned: the retried invocation's event is the bare ledger key)
+    and on the self-pull path, where executors pull their own deliveries through the faults."""
+    env = worker_env(protocol, handlers=[HANDLER_ON[path]], handler_module=HANDLERS_PATH, sandbox=SANDBOX[protocol],
+                     settings=settings(path, **SETTINGS))
     with replayable(protocol):
-        kinds = seed_jobs(env, job_mix(SEED))
+        kinds = seed_jobs(env, job_mix(SEED), HANDLER_ON[path])
         env.admin.faults(fault_plan(protocol), seed=SEED)
         observed, facts = drive(env, runs)
 
@@ -332,5 +339,6 @@ def test_randomized_faults(worker_env: Any, runs: Any, protocol: str) -> None:
     parts.append(f"{facts['ticks']} ticks" + (f" + {facts['quiet_ticks']} without faults"
                                                 if facts["quiet_ticks"] else ""))
     outcome = "; ".join(parts)
-    record_row(f"randomized (seed {SEED}, {JOBS} jobs)", observed, outcome, why_reruns=WHY_RERUNS[protocol])
+    record_row(scenario(f"randomized (seed {SEED}, {JOBS} jobs)", path), observed, outcome,
+               why_reruns=WHY_RERUNS[protocol])
     print(f"\n[seed {SEED}] {protocol}: {outcome}; re-runs {reasons}")
