@@ -144,6 +144,13 @@ class WorkerProtocol(ABC):
         these as answers it could not use (the local run's summary and exit status)."""
         return []
 
+    def lease_untaken(self, delivery: Delivery) -> bool:
+        """Whether the server shows ``delivery``'s execution as never leased: a run that died
+        between its ledger record and its lease is then handed back, not settled as a
+        timeout (a result without a lease is refused, and an ack would drop the job).
+        ``False`` where the pull itself took the lease, or the server cannot tell."""
+        return False
+
     def reconcile(self, delivery: Delivery) -> dict[str, Any] | None:
         """Read back what the server holds for ``delivery`` when the effect of a settling
         call is in doubt (an acknowledgement answered "not found"); ``None`` where the

@@ -630,6 +630,15 @@ class PipelogiqClient(HttpProtocolClient):
         return {"pipeline_status": pipeline.get("status"), "stage_status": stage.get("status"),
                 "stage_execution": stage.get("executionId")}
 
+    def lease_untaken(self, delivery: Delivery) -> bool:
+        """The stage still waits for this very execution to be leased (``Pending``, its
+        current execution ours): no worker acquired it. A failed read says no."""
+        read = self.reconcile(delivery)
+        if read is None or "reconcile_error" in read:
+            return False
+        return (read.get("stage_status") == "Pending"
+                and str(read.get("stage_execution")) == str(delivery.wire.get("executionId")))
+
     def pipeline_status(self, pipeline_id: int) -> dict[str, Any]:
         """``GET /pipelines/{id}``: ``{id, status, stages, ...}``; the way to confirm an outcome."""
 

@@ -26,7 +26,7 @@ from ..errors import ServerlessWorkerError
 from ..model import LedgerStatus, Outcome, OutcomeKind
 from ..state.items import LedgerItem
 from .services import Services
-from .settle import HANDBACK_PREFIX, SETTLE_ATTEMPTS_MAX, acknowledge, hand_back, handback_epoch, settle
+from .settle import HANDBACK_PREFIX, SETTLE_ATTEMPTS_MAX, Settler, acknowledge, hand_back, handback_epoch, settle
 
 __all__ = ["ReapAction", "ReapReport", "reap", "reap_action"]
 
@@ -93,6 +93,14 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
                     hand_back(settler, item.key, item.delivery, "earlier hand-back did not complete",
                               epoch=claim)
                     report.handed_back += 1
+            elif action == "time_out" and running is not None and _lease_untaken(settler, item):
+                # The run died before taking its lease (Pipelogiq leases after the pull): the
+                # handler never ran, and a result would be refused; hand the job back.
+                claim = handback_epoch()
+                if store.take_over(item.key, old_epoch=running, new_epoch=claim, deadline=now + grace):
+                    hand_back(settler, item.key, item.delivery, "the executor stopped before taking its lease",
+                              epoch=claim)
+                    report.handed_back += 1
             elif action == "time_out" and running is not None:
                 if store.take_over(item.key, old_epoch=running, new_epoch=epoch, deadline=now + grace):
                     outcome = Outcome(kind=OutcomeKind.TIMEOUT, error_code="EXECUTOR_LOST",
@@ -114,6 +122,13 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
                             handed_back=report.handed_back, timed_out=report.timed_out,
                             resettled=report.resettled, abandoned=report.abandoned)
     return report
+
+
+def _lease_untaken(settler: Settler, item: LedgerItem) -> bool:
+    """Whether the server shows the stranded run's execution as never leased (one read, only
+    where leasing is a step of its own; see ``WorkerProtocol.lease_untaken``)."""
+    untaken: bool = settler.client.call(lambda p: p.lease_untaken(item.delivery))
+    return untaken
 
 
 def _abandon(services: Services, item: LedgerItem) -> int:
