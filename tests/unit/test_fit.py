@@ -65,3 +65,28 @@ def test_a_local_run_that_took_jobs_and_ran_none_does_not_exit_0(taken: int, run
     summary = RunSummary(protocol="claimqueue", seconds=1.0, taken=taken, handler_runs=runs, handed_back=taken - runs)
     assert runner._exit_status(summary, forced=False) == expected
     assert ("ran none of them" in out.getvalue()) == (expected != 0)
+
+
+def test_the_lease_rule_is_one_of_never_fits_and_alone_in_lease_never_fits() -> None:
+    from serverless_worker.runtime.budget import lease_never_fits
+
+    # the lease rule is the same text both ways, so the pipeline can tell it from the fixed limits
+    why = never_fits(_spec(30), _delivery(), UNRENEWABLE_20S, lambda_limit=900, report_margin=10)
+    assert why is not None and why == lease_never_fits(_spec(30), _delivery(), UNRENEWABLE_20S)
+    assert lease_never_fits(_spec(895), _delivery(), None) is None  # the Lambda limit is not the lease's
+    assert never_fits(_spec(895), _delivery(), None, lambda_limit=900, report_margin=10) is not None
+
+
+def test_a_short_lease_stops_pulling_only_when_two_deliveries_in_a_row_meet_it() -> None:
+    # one delivery's lease may be an older one a late duplicate carries: it alone is handed
+    # back; the next one meeting it too confirms the queue's lease is too short
+    from serverless_worker.runtime.fit import lease_bound_confirmed, lease_fitted
+
+    lease_fitted("resize")
+    assert lease_bound_confirmed("resize") is False
+    lease_fitted("resize")  # a delivery that fitted in between: the strikes start over
+    assert lease_bound_confirmed("resize") is False
+    assert lease_bound_confirmed("resize") is True
+    assert lease_bound_confirmed("other") is False  # counted per handler
+    lease_fitted("resize")
+    lease_fitted("other")

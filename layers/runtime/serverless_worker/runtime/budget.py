@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..registry import HandlerSpec
 
 __all__ = ["LEASE_MARGIN_SECONDS", "MIN_RUN_SECONDS", "PULL_ALLOWANCE_SECONDS", "budget_fits", "callback_budget",
-           "lapsed_at_grant", "lease_room", "never_fits", "self_pull_fits", "time_budget"]
+           "lapsed_at_grant", "lease_never_fits", "lease_room", "never_fits", "self_pull_fits", "time_budget"]
 
 # A run under a lease that cannot be renewed stops this long before the lease lapses: past
 # the lapse the server may hand the job to someone else.
@@ -92,6 +92,22 @@ def lapsed_at_grant(lease: Lease, now: float, minimum: float = MIN_RUN_SECONDS) 
     return f"lease granted with {left:.1f}s left, under the {minimum:g}s a run needs"
 
 
+def lease_never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None) -> str | None:
+    """:func:`never_fits`' lease rule alone: the handler's timeout is longer than the lease
+    lasts from the pull. Only a lower bound of the lease's length (it was granted before the
+    pull: a late duplicate carries an older, shorter-looking one), so the caller confirms it
+    with a second delivery (``fit.lease_bound_confirmed``)."""
+    timeout = spec.timeout
+    if timeout is None or timeout <= 0:
+        return None
+    usable = lease_room(lease, delivery.pulled_at)
+    if usable is not None and timeout > usable:
+        return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the {delivery.protocol} "
+                f"lease it runs under lasts {usable + LEASE_MARGIN_SECONDS:.0f}s and cannot be renewed "
+                f"(at most {max(0.0, usable):.0f}s of it can be used)")
+    return None
+
+
 def never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None, *, lambda_limit: float,
                report_margin: float) -> str | None:
     """Why ``spec.timeout`` can never fit any delivery like this one, or ``None``.
@@ -101,11 +117,9 @@ def never_fits(spec: HandlerSpec, delivery: Delivery, lease: Lease | None, *, la
     timeout = spec.timeout
     if timeout is None or timeout <= 0:
         return None
-    usable = lease_room(lease, delivery.pulled_at)
-    if usable is not None and timeout > usable:
-        return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the {delivery.protocol} "
-                f"lease it runs under lasts {usable + LEASE_MARGIN_SECONDS:.0f}s and cannot be renewed "
-                f"(at most {max(0.0, usable):.0f}s of it can be used)")
+    by_lease = lease_never_fits(spec, delivery, lease)
+    if by_lease is not None:
+        return by_lease
     job_timeout = delivery.timeout_seconds
     if job_timeout is not None and 0 < job_timeout < timeout:
         return (f"handler {spec.name!r} declares timeout={timeout:g}s, but the job's own timeout "

@@ -14,13 +14,35 @@ template.yaml). ``docs/timeouts.md`` says how to fix it.
 from __future__ import annotations
 
 import logging
+import threading
 
 from ..registry import HandlerSpec
 from .services import Services
 
-__all__ = ["report_unfit"]
+__all__ = ["LEASE_STRIKES", "lease_bound_confirmed", "lease_fitted", "report_unfit"]
 
 log = logging.getLogger("serverless_worker.fit")
+
+# A lease too short for a handler is taken as the queue's fixed length only when this many
+# of its deliveries in a row (in this container) meet it: one delivery's lease may be an
+# older one a late duplicate carries (budget.lease_never_fits), which only looks short.
+LEASE_STRIKES = 2
+_lease_strikes: dict[str, int] = {}
+_strikes_lock = threading.Lock()
+
+
+def lease_bound_confirmed(handler: str) -> bool:
+    """One more delivery of ``handler`` met a lease too short for it: whether that makes
+    :data:`LEASE_STRIKES` in a row."""
+    with _strikes_lock:
+        _lease_strikes[handler] = _lease_strikes.get(handler, 0) + 1
+        return _lease_strikes[handler] >= LEASE_STRIKES
+
+
+def lease_fitted(handler: str) -> None:
+    """A delivery of ``handler`` fitted: the strikes start over."""
+    with _strikes_lock:
+        _lease_strikes.pop(handler, None)
 
 
 def report_unfit(services: Services, spec: HandlerSpec, why: str) -> None:

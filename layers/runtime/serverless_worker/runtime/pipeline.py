@@ -23,8 +23,8 @@ from ..model import Delivery, Lease, Outcome
 from ..protocols.base import WorkerProtocol
 from ..state.errors import StaleWriteError
 from . import outcomes
-from .budget import budget_fits, lapsed_at_grant, never_fits, time_budget
-from .fit import report_unfit
+from .budget import budget_fits, lapsed_at_grant, lease_never_fits, never_fits, time_budget
+from .fit import lease_bound_confirmed, lease_fitted, report_unfit
 from .lease import LeaseKeeper
 from .progress import progress_reporter
 from .protocol_client import ProtocolCaller
@@ -176,6 +176,9 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
         # When no delivery of this handler ever can (a fixed limit), say so and stop pulling it.
         why = never_fits(spec, delivery, bounding, lambda_limit=remaining() if lambda_limit is None else lambda_limit,
                          report_margin=settings.report_margin_seconds)
+        if why is not None and why == lease_never_fits(spec, delivery, bounding) \
+                and not lease_bound_confirmed(spec.name):
+            why = None  # maybe an older lease a late duplicate carries: confirmed by the next delivery
         services.refusals.refused(delivery, "time budget cannot fit")
         if why is not None:
             report_unfit(services, spec, why)
@@ -184,6 +187,7 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
                          epoch=epoch)
 
     services.refusals.went_through(delivery)
+    lease_fitted(spec.name)
     outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget),
                             delivery=delivery)
     return settle(settler or services.settler(), key, delivery, outcome)
