@@ -40,7 +40,6 @@ from aws.e2e_support import (
 from reliability.conftest import HANDLERS, handlers_module
 from reliability.invariants import Observed, check, observe, record_na, record_row
 from reliability.paths import PATHS, retry_invocation, scenario, settings, watch_record_running
-from serverless_worker.local.moto_lambda import FakeLambdaContext
 from serverless_worker.model import DispatchMode, LedgerStatus, OutcomeKind
 
 pytestmark = pytest.mark.aws
@@ -125,12 +124,7 @@ def _lambda_retry(env: Env, key: str) -> dict[str, Any]:
     name = env.stack.function_names["ExecutorFunction"]
     (first,) = [i for i in list(env.stack.lambdas.invocations)
                 if i.function_name == name and i.event == {"ledger_key": key}]
-    was = first.context
-    context = FakeLambdaContext(function_name=was.function_name, invoked_function_arn=was.invoked_function_arn,
-                                memory_limit_in_mb=was.memory_limit_in_mb, aws_request_id=was.aws_request_id,
-                                timeout_seconds=was.timeout_seconds)
-    entry = env.stack.lambdas._handlers[name]
-    return dict(entry(dict(first.event), context))
+    return retry_invocation(env, first.context.aws_request_id)
 
 
 # -- 1. an executor killed mid-handler ----------------------------------------------------------------------
