@@ -61,6 +61,13 @@ SANDBOX: dict[str, dict[str, Any]] = {
     "priostack": {},
     "claimqueue": {"lease_seconds": 5, "sweep_interval": 0.1},
 }
+# The self-pull path runs a handler with a declared timeout (2.5 s): on the claim queue it
+# starts only if that fits in what the unrenewable lease has left after the claim, the
+# record and the 2 s margin, else the delivery is handed back and claimed again. On a loaded
+# 2-core machine those steps take seconds, so a 5 s lease can hand one job back round after
+# round; 12 s leaves room and still brings a dropped claim back within the run.
+PATH_SANDBOX: dict[tuple[str, str], dict[str, Any]] = {("claimqueue", "self-pull"): {"lease_seconds": 12}}
+
 SETTINGS = {"batch_size": 50, "max_in_flight": 100}
 PULL_LABEL = {"pipelogiq": "pull", "priostack": "activate", "claimqueue": "claim"}
 
@@ -285,7 +292,8 @@ def justified_reruns(env: Any, observed: Observed) -> dict[str, str]:
 def test_randomized_faults(worker_env: Any, runs: Any, protocol: str, path: str) -> None:
     """On the scheduler path (pinned: the retried invocation's event is the bare ledger key)
     and on the self-pull path, where executors pull their own deliveries through the faults."""
-    env = worker_env(protocol, handlers=[HANDLER_ON[path]], handler_module=HANDLERS_PATH, sandbox=SANDBOX[protocol],
+    env = worker_env(protocol, handlers=[HANDLER_ON[path]], handler_module=HANDLERS_PATH,
+                     sandbox={**SANDBOX[protocol], **PATH_SANDBOX.get((protocol, path), {})},
                      settings=settings(path, **SETTINGS))
     with replayable(protocol):
         kinds = seed_jobs(env, job_mix(SEED), HANDLER_ON[path])
