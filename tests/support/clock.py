@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["SANDBOX_MODULES", "SandboxClock"]
+__all__ = ["SANDBOX_MODULES", "SandboxClock", "TickClock"]
 
 # The sandbox modules whose ``time`` a test replaces (each calls only ``time.time()``).
 SANDBOX_MODULES = (
@@ -36,3 +36,17 @@ class SandboxClock:
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._offset += seconds
+
+
+class TickClock:
+    """A scheduler tick's time on the client side: it moves only when the tick waits (its
+    sleeps are not slept), so a test of "stops within N seconds" reads the tick's own time."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)

@@ -15,7 +15,6 @@ reservations keep the pullers' slots.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,22 +31,10 @@ from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.settings import Settings
 from serverless_worker.state import SqliteStateStore
+from support.clock import TickClock as Clock
 
 INSTANCE = "fanout-test"
 LIMIT, BATCH, WINDOW = 10, 4, 30.0
-
-
-class Clock:
-    """The tick's time: it moves only when the tick waits (its sleeps are not slept)."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
 
 
 class FanOutDispatcher(Dispatcher):

@@ -32,8 +32,14 @@ class DrainReport:
 
 
 def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: float = 1.0,
-          sleep: Callable[[float], None] = time.sleep, shutdown: bool = True) -> DrainReport:
-    """Drain this worker instance; returns when nothing is in flight or the grace ends."""
+          sleep: Callable[[float], None] = time.sleep, shutdown: bool = True,
+          quiet_seconds: float = 0.0) -> DrainReport:
+    """Drain this worker instance; returns when nothing is in flight or the grace ends.
+
+    ``quiet_seconds``: how long after the flag is set a scheduler tick that read it just
+    before may still record new work (``runtime.control.pull_quiet_seconds``); an empty
+    count counts only after that. 0 where no tick can be running (the local runner's drain
+    waits for its own tick first)."""
     store = services.store
     protocol_name, instance = services.protocol_name, services.instance
     store.set_draining(protocol_name, instance, True)
@@ -59,7 +65,7 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
                 except ServerlessWorkerError as err:
                     log.warning("hand back during drain failed: %s", err)
         remaining = store.count_in_flight(protocol_name, instance)
-        if remaining == 0 or now - start >= grace_seconds:
+        if (remaining == 0 and now - start >= quiet_seconds) or now - start >= grace_seconds:
             report.still_running = remaining
             break
         sleep(poll_seconds)

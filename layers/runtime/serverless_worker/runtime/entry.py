@@ -206,11 +206,14 @@ def state_machine_step(event: dict[str, Any], context: LambdaContextLike) -> dic
 
 @_clear_errors
 def drain_worker(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
+    from .control import pull_quiet_seconds
     from .drain import drain, resume_pulling
 
     services = services_from_environment()
     if event.get("resume"):
         resume_pulling(services)
         return {"resumed": True}
-    report = drain(services, grace_seconds=float(event.get("grace_seconds", 60)))
+    # The scheduler runs in other invocations: wait out a tick that read the flag just before it was set.
+    quiet = pull_quiet_seconds(services.settings, long_poll=services.protocol.long_poll)
+    report = drain(services, grace_seconds=float(event.get("grace_seconds", 60)), quiet_seconds=quiet)
     return dict(report.__dict__)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
 from ..state.errors import UnrecordableDeliveryError
 from .capacity import capacity_limit
 from .context import LambdaContextLike
+from .control import CONTROL_CHECK_SECONDS
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
 from .pulling import criteria, discard_duplicate, long_running
@@ -95,6 +97,7 @@ class TickReport:
     unfit: dict[str, str] = field(default_factory=dict)  # handler -> why its timeout can never fit
     pullers: int = 0  # executors started without a delivery to pull their own (setting self_pull)
     pullers_failed: int = 0  # puller invokes that did not go through (their slots freed at once)
+    handed_back: int = 0  # pulled as a drain or stop began: recorded and handed back unstarted
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -127,10 +130,12 @@ class Scheduler:
         # The stored counters as the last forced heartbeat read them, repeated in the beats between.
         self._counted: dict[str, int] = {}
         self._reservations = _Reservations()  # slots held for the pullers started (self_pull)
+        self._control_read_at = -math.inf  # when this tick last read the control item (runtime/control.py)
+        self._halted = False  # this tick saw draining or stopped: what it still records goes back unstarted
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
-        services, settings, store = self.services, self.services.settings, self.services.store
+        services, settings = self.services, self.services.settings
         clock = services.clock
         start = clock()
         window = settings.poll_window_seconds if window is None else window
@@ -148,9 +153,9 @@ class Scheduler:
                 report.duration = clock() - start
                 return report
             report.reaped = reap(services).total
-            control = store.get_control(services.protocol_name, services.instance)
-            if control.get("stopped") or control.get("draining"):
-                report.stopped = "stopped" if control.get("stopped") else "draining"
+            self._halted = False
+            control = self._read_control(report)
+            if self._halted:
                 self._heartbeat(report, state="draining", force=True)
                 report.duration = clock() - start
                 return report
@@ -176,7 +181,7 @@ class Scheduler:
               unfit: dict[str, str]) -> None:
         """Pull, record and dispatch until the window is over: the poll window while pulls
         return work (or capacity is full), the liveness mode's idle window otherwise."""
-        services, settings, store = self.services, self.services.settings, self.services.store
+        services, settings = self.services, self.services.settings
         clock = services.clock
         limit = capacity_limit(self.services.settings)
         # Room wanted before a pull: one slot, or a whole batch where one call hands out a batch.
@@ -199,10 +204,10 @@ class Scheduler:
             if rounds and end - clock() < 1.0:
                 break
             rounds += 1
-            if self._heartbeat(report, state="ready"):
-                control = store.get_control(services.protocol_name, services.instance)
-                if control.get("stopped") or control.get("draining"):
-                    report.stopped = "stopped" if control.get("stopped") else "draining"
+            self._heartbeat(report, state="ready")
+            if self._control_due():
+                control = self._read_control(report)
+                if self._halted:
                     break
                 if set(control.get("unfit") or {}) - set(unfit):
                     unfit = control["unfit"]
@@ -243,9 +248,13 @@ class Scheduler:
                 asked = clock()  # before the pull is sent: what settled earlier cannot be in its answer
                 deliveries = self._pull_backlog(report, name, room, end, len(handlers),
                                                 hurry=worked or got > 0)
+                if deliveries and self._control_due():
+                    # The pull outlived the last read (a long poll): a drain may have begun
+                    # meanwhile, and then these are recorded and handed back, not run.
+                    self._read_control(report)
                 got += len(deliveries)
                 full = full or len(deliveries) >= room
-                fan_out = self._fans_out(name, deliveries, room)
+                fan_out = not self._halted and self._fans_out(name, deliveries, room)
                 in_flight += self._record(deliveries, pending, report, asked, pull=fan_out)
                 if fan_out:
                     # As many pullers as deliveries at most (the pulling executors at most
@@ -255,6 +264,8 @@ class Scheduler:
                     by = min(full_end, max(busy_until, clock() + WORK_LINGER_SECONDS))
                     in_flight += self._start_pullers(name, min(len(deliveries), limit - in_flight),
                                                      by, pending, report)
+                if self._halted:
+                    break
             # An all-empty round makes the next one long-poll (never a busy loop); a lone
             # handler has no other queue to starve, so it always long-polls.
             worked = got > 0 and len(handlers) > 1
@@ -277,6 +288,22 @@ class Scheduler:
             self._sleep(min(max(0.0, pause), max(0.0, end - clock())))
 
     # -- pieces -----------------------------------------------------------------
+    def _read_control(self, report: TickReport) -> dict[str, Any]:
+        """The control item, read now. Draining or stopped ends this tick's pulling
+        (``report.stopped``) and sends what it still records back unstarted (``_dispatch``)."""
+        services = self.services
+        control = services.store.get_control(services.protocol_name, services.instance)
+        self._control_read_at = services.clock()
+        if control.get("stopped") or control.get("draining"):
+            self._halted = True
+            if report.stopped is None:
+                report.stopped = "stopped" if control.get("stopped") else "draining"
+        return control
+
+    def _control_due(self) -> bool:
+        """The last read of the control item is old enough to read again (runtime/control.py)."""
+        return self.services.clock() - self._control_read_at >= CONTROL_CHECK_SECONDS
+
     def _count_in_flight(self) -> int:
         """The ledger's live in-flight count plus the slots held for pullers until their ``by``."""
         services = self.services
@@ -538,6 +565,9 @@ class Scheduler:
         services = self.services
         if services.watcher is not None:
             services.watcher.recorded(delivery)
+        if self._halted:  # pulled as a drain or stop began: nothing new starts
+            return "handed_back" if self._hand_back_unstarted(delivery, key, deadline, "worker stopping") \
+                else "failed_in_flight"
         try:
             if mode == "state_machine":
                 services.dispatch.start_execution(key)
@@ -547,21 +577,29 @@ class Scheduler:
                 services.dispatch.invoke_executor(key)
         except DispatchError as err:
             log.warning("dispatch failed for %s: %s", delivery.job_id, err)
-            try:
-                claim = handback_epoch()
-                if services.store.start_run(key, epoch=claim, deadline=deadline) is not None:
-                    hand_back(services.settler(), key, delivery, f"dispatch failed: {err}", epoch=claim)
-                    return "failed"
-            except ProtocolError as hand_err:
-                log.warning("hand back after failed dispatch did not go through: %s", hand_err)
-            return "failed_in_flight"
+            return "failed" if self._hand_back_unstarted(delivery, key, deadline, f"dispatch failed: {err}") \
+                else "failed_in_flight"
         return "dispatched"
+
+    def _hand_back_unstarted(self, delivery: Delivery, key: str, deadline: float, reason: str) -> bool:
+        """Claim a recorded delivery no executor was sent and hand it back; ``False`` where
+        it stays in flight for the reaper (an executor claimed it first, or the call failed)."""
+        services = self.services
+        try:
+            claim = handback_epoch()
+            if services.store.start_run(key, epoch=claim, deadline=deadline) is not None:
+                hand_back(services.settler(), key, delivery, reason, epoch=claim)
+                return True
+        except ProtocolError as err:
+            log.warning("hand back (%s) did not go through: %s", reason, err)
+        return False
 
     def wake(self) -> None:
         """Heartbeat and re-read the control flags at the next turn of a running tick's loop,
         instead of at the next heartbeat: a long-lived process (the local runner) that set
         ``draining`` itself calls this so its tick stops pulling at once."""
         self._next_heartbeat = 0.0
+        self._control_read_at = -math.inf
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -664,4 +702,5 @@ class _Pending:
         report.dispatch_failed += int(result == "failed")
         report.pullers += int(result == "puller")
         report.pullers_failed += int(result == "puller_failed")
+        report.handed_back += int(result == "handed_back")
         self._freed += int(result not in self._IN_FLIGHT)
