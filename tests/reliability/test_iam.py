@@ -151,3 +151,26 @@ def test_the_key_is_readable_only_from_the_source_the_stack_was_given(template: 
     assert conditions["HasApiKeyParameter"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "ApiKeyParameterName"}, ""]}]}
     assertions = template["Rules"]["OneApiKeySource"]["Assertions"]
     assert [a["AssertDescription"].split()[0:2] for a in assertions] == [["Set", "ApiKeySecretArn"], ["Set", "only"]]
+
+
+INIT_TEMPLATE = Path(__file__).resolve().parents[2] / "layers/runtime/serverless_worker/cli/project/template.yaml"
+
+
+@pytest.mark.parametrize("function", ("SchedulerFunction", "ExecutorFunction", "DrainFunction"))
+def test_an_init_project_grants_each_function_the_same_dynamodb_calls(function: str,
+                                                                      template: dict[str, Any]) -> None:
+    """``serverless-worker init``'s own template runs the same runtime: a call its roles lack
+    (an executor that keeps pulling counts in flight with a Query) is an AccessDenied in
+    AWS that LocalStack, which does not enforce IAM, would never show."""
+    project = load_template(INIT_TEMPLATE)
+    ours = {(a, str(r)) for a, r in _grants(template, function) if a.startswith("dynamodb:")}
+    theirs = {(a, str(r)) for a, r in _grants(project, function) if a.startswith("dynamodb:")}
+    assert theirs == ours
+
+
+def test_an_init_project_keeps_pulling_as_the_stack_does(template: dict[str, Any]) -> None:
+    project = load_template(INIT_TEMPLATE)
+    assert project["Parameters"]["SelfPull"] == template["Parameters"]["SelfPull"] | {
+        "Description": project["Parameters"]["SelfPull"]["Description"]}
+    variables = project["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["SW_SELF_PULL"] == {"Ref": "SelfPull"}
