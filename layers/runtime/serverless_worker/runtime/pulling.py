@@ -1,18 +1,21 @@
 """What the scheduler and an executor that keeps pulling decide alike about a pull and what it
 brought: the claim-queue criteria to ask with, whether a handler runs long (state machine),
-and how a delivery the ledger already holds is settled unrun.
+which deliveries a pull left to the server because no request could name them, and how a
+delivery the ledger already holds is settled unrun.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ProtocolError, UnknownHandlerError
 from ..model import Delivery
+from ..protocols.base import PullRequest, WorkerProtocol
 from .services import Services
 
-__all__ = ["criteria", "discard_duplicate", "long_running"]
+__all__ = ["criteria", "discard_duplicate", "long_running", "pull_noting_unaddressable"]
 
 log = logging.getLogger("serverless_worker.pulling")
 
@@ -45,3 +48,15 @@ def discard_duplicate(services: Services, delivery: Delivery) -> None:
         log.info("duplicate not acknowledged: %s", err)
     services.events.add("job.duplicate_discarded", f"duplicate delivery of job {delivery.job_id}",
                         job_id=delivery.job_id)
+
+
+def pull_noting_unaddressable(protocol: WorkerProtocol, request: PullRequest,
+                              note: Callable[[list[str]], None]) -> list[Delivery]:
+    """``protocol.pull``, passing ``note`` what each delivery it took and left to the
+    server's own return path lacked (no request could name it), whether or not it raised."""
+    try:
+        return protocol.pull(request)
+    finally:
+        lacks = protocol.take_unaddressable()
+        if lacks:
+            note(lacks)

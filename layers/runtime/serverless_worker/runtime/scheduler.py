@@ -44,14 +44,14 @@ from ..errors import (
     UnknownHandlerError,
 )
 from ..model import Delivery
-from ..protocols.base import PullRequest, WorkerProtocol, WorkerStatus
+from ..protocols.base import PullRequest, WorkerStatus
 from ..state.errors import UnrecordableDeliveryError
 from .capacity import capacity_limit
 from .context import LambdaContextLike
 from .control import CONTROL_CHECK_SECONDS
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
-from .pulling import criteria, discard_duplicate, long_running
+from .pulling import criteria, discard_duplicate, long_running, pull_noting_unaddressable
 from .reaper import reap
 from .services import Services
 from .settle import hand_back, handback_epoch
@@ -406,8 +406,9 @@ class Scheduler:
         with self._report_lock:  # parallel claims report from several threads
             report.pulls += 1
         asked_at = services.clock()
+        note = functools.partial(self._note_unaddressable, report)
         try:
-            deliveries = services.call(lambda p: self._pull_noting_unaddressable(p, request, report))
+            deliveries = services.call(lambda p: pull_noting_unaddressable(p, request, note))
         except RateLimitedError as err:
             self._sleep(min(err.retry_after or 1.0, max(0.0, left)))
             return []
@@ -447,19 +448,12 @@ class Scheduler:
                 self._early_empties += 1
         return deliveries
 
-    def _pull_noting_unaddressable(self, protocol: WorkerProtocol, request: PullRequest,
-                                   report: TickReport) -> list[Delivery]:
-        """``protocol.pull``, noting in ``report.unusable`` each delivery it took and left
-        to the server's own return path because no request could name it (what it lacked,
-        no id: equal causes add up), whether or not the pull then raised."""
-        try:
-            return protocol.pull(request)
-        finally:
-            lacks = protocol.take_unaddressable()
-            if lacks:
-                with self._report_lock:
-                    report.unusable.extend(f"pull: a delivery with {lack}, left to the server's own "
-                                           "return path" for lack in lacks)
+    def _note_unaddressable(self, report: TickReport, lacks: list[str]) -> None:
+        """Each delivery a pull took and left to the server's own return path, in
+        ``report.unusable`` by what it lacked (no id: equal causes add up)."""
+        with self._report_lock:
+            report.unusable.extend(f"pull: a delivery with {lack}, left to the server's own "
+                                   "return path" for lack in lacks)
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
                       handlers: int, *, hurry: bool = False) -> list[Delivery]:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigurationError, ProtocolError, RateLimitedError, SessionExpiredError, UnknownHandlerError
-from ..model import Delivery, LedgerStatus
-from ..protocols.base import PullRequest, WorkerProtocol
+from ..model import Delivery, LedgerStatus, SessionState
+from ..protocols.base import PullRequest
 from ..state.errors import StaleWriteError, UnrecordableDeliveryError
 from ..state.items import LedgerItem
 from .budget import self_pull_fits
@@ -31,9 +31,10 @@ from .capacity import capacity_limit
 from .context import LambdaContextLike
 from .pipeline import deliver
 from .poison import settle_unrecordable
-from .pulling import criteria, discard_duplicate, long_running
+from .pulling import criteria, discard_duplicate, long_running, pull_noting_unaddressable
 from .retry_owners import CLIENT_RETRIED
 from .services import Services
+from .session import same_session
 from .settle import Settlement, Settler, hand_back, handback_epoch, settle
 
 __all__ = ["STOP_REASONS", "Facts", "SelfPull", "keep_pulling", "stop_reason"]
@@ -127,7 +128,7 @@ class SelfPull:
     _checked_at: float = -math.inf
     _control: Mapping[str, Any] = field(default_factory=dict)
     _in_flight: int = 0
-    _session: Any = None
+    _session: SessionState | None = None
     _lambda_limit: float = 0.0
     _pull_error: str | None = None  # "rate_limited", "session" or "pull_error": the last pull raised
 
@@ -222,9 +223,9 @@ class SelfPull:
             return False
         if self._session is None:
             self._session = held
-        return held is self._session or _token(held) == _token(self._session)
+        return same_session(held, self._session)
 
-    def _held_session(self) -> Any:
+    def _held_session(self) -> SessionState | None:
         services = self.services
         if not services.protocol.needs_session:
             return None
@@ -237,7 +238,7 @@ class SelfPull:
         # Each error ends the loop (stop_reason), none is waited on: pacing and back-off
         # are the scheduler's.
         try:
-            deliveries = services.call(lambda p: _pull_noting_unaddressable(p, request))
+            deliveries = services.call(lambda p: pull_noting_unaddressable(p, request, _log_unaddressable))
         except RateLimitedError as err:
             log.info("self-pull rate limited: %s", err)
             self._pull_error = "rate_limited"
@@ -383,16 +384,7 @@ def keep_pulling(services: Services, context: LambdaContextLike, handler: str, *
     return SelfPull(services, context, handler, last_full=first_full, done=taken)
 
 
-def _pull_noting_unaddressable(protocol: WorkerProtocol, request: PullRequest) -> list[Delivery]:
-    """``protocol.pull``, logging each delivery it left to the server's own return path
-    because no request could name it (as the scheduler notes them)."""
-    try:
-        return protocol.pull(request)
-    finally:
-        for lack in protocol.take_unaddressable():
-            log.warning("self-pull: a delivery with %s, left to the server's own return path", lack)
-
-
-def _token(session: Any) -> str:
-    return str(session.token.get_secret_value())
+def _log_unaddressable(lacks: list[str]) -> None:
+    for lack in lacks:
+        log.warning("self-pull: a delivery with %s, left to the server's own return path", lack)
 

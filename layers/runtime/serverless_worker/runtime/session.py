@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..state.base import StateStore
 
 __all__ = ["RECOVERY_FIRST_SECONDS", "RECOVERY_MAX_SECONDS", "RECOVERY_QUICK_SECONDS", "SessionKeeper",
-           "needs_refresh"]
+           "needs_refresh", "same_session"]
 
 log = logging.getLogger("serverless_worker.session")
 
@@ -106,7 +106,7 @@ class SessionKeeper:
         with self._mutex:
             stale = failed or self._session
             loaded = self._store.load_session(self._protocol_name, self._instance)
-            if loaded is not None and not _same(loaded[0], stale) and self._fresh(loaded[0]):
+            if loaded is not None and not same_session(loaded[0], stale) and self._fresh(loaded[0]):
                 self._session, self._version = loaded
                 protocol.use_session(self._session)
                 return self._session
@@ -156,7 +156,7 @@ class SessionKeeper:
             # A peer is bootstrapping: wait for its session rather than replacing it.
             time.sleep(0.2)
             loaded = self._store.load_session(self._protocol_name, self._instance)
-            if loaded is not None and not _same(loaded[0], stale) and self._fresh(loaded[0]):
+            if loaded is not None and not same_session(loaded[0], stale) and self._fresh(loaded[0]):
                 self._session, self._version = loaded
                 protocol.use_session(self._session)
                 return self._session
@@ -166,7 +166,7 @@ class SessionKeeper:
         try:
             # Re-read under the lock: a peer may have finished just before we got it.
             loaded = self._store.load_session(self._protocol_name, self._instance)
-            if loaded is not None and not _same(loaded[0], stale) and self._fresh(loaded[0]):
+            if loaded is not None and not same_session(loaded[0], stale) and self._fresh(loaded[0]):
                 self._session, self._version = loaded
                 protocol.use_session(self._session)
                 return self._session
@@ -194,7 +194,8 @@ def _fingerprint(session: SessionState) -> str:
     return hashlib.sha256(session.token.get_secret_value().encode()).hexdigest()[:16]
 
 
-def _same(a: SessionState | None, b: SessionState | None) -> bool:
+def same_session(a: SessionState | None, b: SessionState | None) -> bool:
+    """One session, though perhaps two loads of it: the same token."""
     if a is None or b is None:
         return a is b
     return a.token.get_secret_value() == b.token.get_secret_value()
