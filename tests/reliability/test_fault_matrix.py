@@ -191,16 +191,20 @@ def _path_env(worker_env: Callable[..., Env], protocol: str, path: str, *,
 
 def _faults_once_an_executor_finished(env: Env, monkeypatch: pytest.MonkeyPatch, rules: list[dict[str, Any]]) -> None:
     """Switch ``rules`` on when the first executor stores an outcome: the next pulls are then
-    the executors' own (the scheduler, at capacity, pulls nothing meanwhile)."""
+    the executors' own (the scheduler, at capacity, pulls nothing meanwhile). Another
+    executor storing its outcome meanwhile waits until the rules are on, so its pull cannot
+    slip in before them (it would take the job the rules were meant for, unfaulted)."""
     store = env.stack.store()
     real = store.store_outcome
-    armed = threading.Event()
+    arming = threading.Lock()
+    armed: list[bool] = []
 
     def store_outcome(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
-        if not armed.is_set():
-            armed.set()
-            env.admin.faults(rules)
+        with arming:
+            if not armed:
+                env.admin.faults(rules)
+                armed.append(True)
         return result
 
     monkeypatch.setattr(store, "store_outcome", store_outcome)
