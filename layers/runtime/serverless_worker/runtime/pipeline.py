@@ -174,11 +174,13 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
     if not budget_fits(budget, spec.timeout):
         # A delivery whose remaining time cannot fit the handler's timeout is handed back.
         # When no delivery of this handler ever can (a fixed limit), say so and stop pulling it.
-        why = never_fits(spec, delivery, bounding, lambda_limit=remaining() if lambda_limit is None else lambda_limit,
-                         report_margin=settings.report_margin_seconds)
-        if why is not None and why == lease_never_fits(spec, delivery, bounding) \
-                and not lease_bound_confirmed(spec.name):
-            why = None  # maybe an older lease a late duplicate carries: confirmed by the next delivery
+        by_lease = lease_never_fits(spec, delivery, bounding)
+        if by_lease is not None:
+            # Maybe an older lease a late duplicate carries: confirmed by the next delivery.
+            why = by_lease if lease_bound_confirmed(spec.name) else None
+        else:
+            why = never_fits(spec, delivery, bounding, report_margin=settings.report_margin_seconds,
+                             lambda_limit=remaining() if lambda_limit is None else lambda_limit)
         services.refusals.refused(delivery, "time budget cannot fit")
         if why is not None:
             report_unfit(services, spec, why)

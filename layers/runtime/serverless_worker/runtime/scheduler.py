@@ -363,11 +363,12 @@ class Scheduler:
         start = self._next_handler % len(handlers) if handlers else 0
         return handlers[start:] + handlers[:start]
 
-    def _heartbeat(self, report: TickReport, *, state: str, force: bool = False) -> bool:
+    def _heartbeat(self, report: TickReport, *, state: str, force: bool = False) -> None:
+        """A heartbeat when one is due (or ``force``)."""
         services = self.services
         now = services.clock()
         if not force and now < self._next_heartbeat:
-            return False
+            return
         session = services.keeper.session
         interval = session.heartbeat_interval if session is not None else 15.0
         self._next_heartbeat = now + interval
@@ -386,7 +387,6 @@ class Scheduler:
         except ProtocolError as err:
             report.errors.append(f"heartbeat: {err}")
             log.warning("heartbeat failed: %s", err)
-        return True
 
     def _pull(self, report: TickReport, handler: str, room: int, deadline: float, handlers: int,
               hurry: bool = False) -> list[Delivery]:
