@@ -378,13 +378,17 @@ def test_duplicate_deliveries(worker_env: Any, recorder: Any, monkeypatch: pytes
     # Priostack duplicates only a job still active at the next activation (after the 1 s
     # empty-poll backoff): its handler outlasts that.
     duplicates = 1 if protocol == "priostack" else 2
-    # On the self-pull path Priostack's duplicate needs an activation that finds the queue
-    # empty while a job is still active: with an even count its two executors run dry at
-    # the same moment, and whether the other's last job is still active is a race. With an
-    # odd count one of them takes the last job while the other, running dry, asks again.
-    jobs = 5 if (protocol, path) == ("priostack", "self-pull") else 4
     env = _path_env(worker_env, protocol, path)
-    _seed(env, jobs, sleep=1.5 if protocol == "priostack" else 0.2, failing=False, handler=SLOW[path])
+    if (protocol, path) == ("priostack", "self-pull"):
+        # Priostack's duplicate needs an activation that finds the queue empty while a job
+        # is still active: one executor's job outlasts (2.2 s, within the handler's 2.5 s)
+        # the other's two short ones, so the other runs dry while it is active. Jobs of equal
+        # length let both run dry together, and whether a job is then active is a race.
+        jobs = 3
+        env.seed(SLOW[path], [{"sleep": 2.2, "n": 0}, {"sleep": 0.2, "n": 1}, {"sleep": 0.2, "n": 2}])
+    else:
+        jobs = 4
+        _seed(env, jobs, sleep=1.5 if protocol == "priostack" else 0.2, failing=False, handler=SLOW[path])
     rules = [{"kind": "duplicate_delivery", "endpoint": PULL[protocol], "count": duplicates}]
     if path == "scheduler":
         env.admin.faults(rules)
