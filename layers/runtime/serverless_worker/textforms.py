@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-__all__ = ["rfc3339", "truncate_utf8"]
+__all__ = ["coded_message", "rfc3339", "truncate_utf8"]
+
+
+def coded_message(code: str | None, message: str | None, default: str = "") -> str:
+    """``"CODE: message"``, the code once: a failure's message already starts with its type
+    (``ValueError: boom``, the handler runner's), and saying it twice helps nobody."""
+    text = message or default
+    if not code or text == code or text.startswith(f"{code}: "):
+        return text
+    return f"{code}: {text}" if text else code
 
 
 def rfc3339(epoch: float) -> str:

@@ -28,9 +28,11 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from ..errors import ConfigurationError
 from ..loopback import is_loopback_host
 from ..sandbox import SANDBOXES, create_sandbox
+from ..textforms import coded_message
 
 if TYPE_CHECKING:
     from ..sandbox import Sandbox, SandboxServer
+    from ..sandbox.admin import JobView
 
 __all__ = ["DEFAULT_PORTS", "DEMO_SEEDS", "register", "run"]
 
@@ -139,12 +141,40 @@ def run_jobs(args: argparse.Namespace) -> int:
         print(f"no jobs on the sandbox at {args.url}")
         return 0
     for view, _ in views:
-        result = "-" if view.result is None else json.dumps(view.result, separators=(", ", ": "), default=str)
-        if not args.job_ids and len(result) > _RESULT_MAX:
-            result = result[:_RESULT_MAX - 3] + "..."
-        error = f"  error {view.error}" if view.error else ""
-        print(f"{view.job_id}  {view.handler}  {view.state}  result {result}{error}")
+        print(_job_block(view) if args.job_ids else _job_line(view))
     return 0
+
+
+def _compact(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, separators=(", ", ": "), default=str)
+
+
+def _clip(text: str) -> str:
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= _RESULT_MAX else one_line[:_RESULT_MAX - 3] + "..."
+
+
+def _job_line(view: JobView) -> str:
+    """``id  handler  state  result R  error CODE: message  (N attempts)``, each part clipped."""
+    error = f"  error {_clip(coded_message(view.code, view.message))}" if view.code or view.message else ""
+    attempts = "" if view.attempts is None else f"  ({view.attempts} attempt{'s' if view.attempts != 1 else ''})"
+    return f"{view.job_id}  {view.handler}  {view.state}  result {_clip(_compact(view.result))}{error}{attempts}"
+
+
+def _job_block(view: JobView) -> str:
+    """One job in full: its line's head, then the attempts, the error's code and whole
+    message, a business error's details and the result, one labelled line each."""
+    lines = [f"{view.job_id}  {view.handler}  {view.state}"]
+    if view.attempts is not None:
+        lines.append(f"  attempts  {view.attempts}")
+    if view.code or view.message:
+        first, *more = coded_message(view.code, view.message, "no message").splitlines() or [""]
+        lines.append(f"  error     {first}")
+        lines += [f"            {line}" for line in more]
+    if view.details:
+        lines.append(f"  details   {_compact(view.details)}")
+    lines.append(f"  result    {_compact(view.result)}")
+    return "\n".join(lines)
 
 
 def _unreadable(err: Exception) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..model import FINAL_STATUSES, LedgerStatus, OutcomeKind
 from ..state.items import delivery_record
+from ..textforms import coded_message
 
 __all__ = ["FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize",
            "unsettled_reason"]
@@ -254,8 +255,9 @@ def _printable(text: str) -> str:
 
 
 def _failed_jobs(summary: RunSummary) -> list[Any]:
-    """The failed jobs, one a line: job id, handler, code and message; the deliberate ones
-    say so, and why."""
+    """The failed jobs, one each: job id, handler, then the code and the whole message (the
+    code once: an exception's message already starts with its type); a message of several
+    lines goes on below, indented. The deliberate ones say so, and why."""
     from rich.text import Text
 
     if not summary.failed_jobs:
@@ -263,22 +265,15 @@ def _failed_jobs(summary: RunSummary) -> list[Any]:
     lines = [f"failed ({len(summary.failed_jobs)}): job id, handler, code: message"]
     for job in summary.failed_jobs[:_LISTED_MAX]:
         code = job.code or _KIND_NAMES.get(job.kind, job.kind)
-        message = _clip(job.message or "no message")
+        first, *more = coded_message(code, job.message, "no message").splitlines() or [""]
         note = f"  [{job.deliberate}]" if job.deliberate else ""
-        lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(code)}: "
-                     f"{_printable(message)}{note}")
+        lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(first)}{note}")
+        lines += [f"      {_printable(line)}" for line in more]
     if len(summary.failed_jobs) > _LISTED_MAX:
-        lines.append(f"  ... and {len(summary.failed_jobs) - _LISTED_MAX} more")
+        lines.append(f"  ... and {len(summary.failed_jobs) - _LISTED_MAX} more "
+                     "(`serverless-worker ledger --state failed` lists them all)")
     deliberate = all(job.deliberate for job in summary.failed_jobs)
     return [Text("\n".join(lines) + "\n", style="dim" if deliberate else "yellow")]
-
-
-_MESSAGE_MAX = 100  # a failure's message in the list; the job server holds all of it
-
-
-def _clip(text: str) -> str:
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= _MESSAGE_MAX else one_line[:_MESSAGE_MAX - 3] + "..."
 
 
 def _trouble(summary: RunSummary) -> list[Any]:
@@ -318,9 +313,10 @@ def _latency(values: list[float]) -> str:
 
 
 def render_summary(summary: RunSummary, *, stats: bool = False) -> Any:
-    """The summary as rich renderables, for ``Console.print``: the jobs table, the failed
-    jobs, what has no definite outcome; with ``stats`` (``local --stats``) also the HTTP
-    calls per job by endpoint and the state store's reads and writes per job."""
+    """The summary as rich renderables, for ``Console.print(..., soft_wrap=True)`` (so a
+    message is never cut or wrapped mid-word): the jobs table, the failed jobs, what has no
+    definite outcome; with ``stats`` (``local --stats``) also the HTTP calls per job by
+    endpoint and the state store's reads and writes per job."""
     from rich import box
     from rich.console import Group
     from rich.table import Table

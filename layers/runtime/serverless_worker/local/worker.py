@@ -212,7 +212,7 @@ class LocalRunner:
                 return EXIT_INCOMPLETE
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
-            self.console.print(render_summary(summary, stats=self.stats))
+            self.console.print(render_summary(summary, stats=self.stats), soft_wrap=True)
             if self._swept:
                 self.console.print(f"({self._swept} settled items older than "
                                    f"{self.ledger_retention_seconds} s were swept from the state file; "
