@@ -11,7 +11,7 @@ import os
 import pytest
 
 from serverless_worker.cli import build_parser
-from serverless_worker.cli.local_command import build_settings
+from serverless_worker.cli._resolve import build_settings
 from serverless_worker.errors import ConfigurationError
 
 
@@ -51,7 +51,7 @@ def test_other_usage_errors_are_one_line_too(capsys: pytest.CaptureFixture[str])
 def test_a_valid_choice_still_parses() -> None:
     args = build_parser().parse_args(["local", "--protocol", "claimqueue"])
 
-    settings, _ = build_settings(args)
+    settings = build_settings(args).settings
 
     assert settings.protocol == "claimqueue"
 
@@ -61,7 +61,7 @@ def test_queue_and_handlers_naming_the_same_handler_are_accepted(handlers: list[
     args = build_parser().parse_args(["local", "--protocol", "claimqueue", "--queue", "resize",
                                       "--criteria", '{"format": "jpg"}', "--handlers", *handlers])
 
-    settings, _ = build_settings(args)
+    settings = build_settings(args).settings
 
     assert settings.handlers == ["resize"]
     assert settings.criteria == {"resize": {"format": "jpg"}}

@@ -60,14 +60,15 @@ def run(args: argparse.Namespace) -> int:
     from ..protocols.factory import create_client
     from ..protocols.transport import RetryPolicy
     from ..settings import Settings
-    from .local_command import build_settings
+    from ._resolve import build_settings
 
     # The check line says what failed; the retry library's own warning would only repeat it.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("stamina").setLevel(logging.ERROR)
     check_retry = RetryPolicy(attempts=CHECK_RETRY_ATTEMPTS, timeout=CHECK_RETRY_SECONDS)
-    settings, own_sandbox = build_settings(args)
-    if own_sandbox:
+    setup = build_settings(args)
+    settings = setup.settings
+    if setup.own_sandbox:
         raise ConfigurationError("doctor checks a job server: give --url URL (or SW_BASE_URL) and its credential")
     if args.smoke and settings.protocol != "pipelogiq":
         raise ConfigurationError(f"--smoke works a Pipelogiq pipeline; a {settings.protocol} server has none "

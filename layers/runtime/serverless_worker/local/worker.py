@@ -67,10 +67,10 @@ from ..runtime.services import Services
 from ..runtime.steps import run_step
 from ..waits import abandon_waits, allow_waits, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
-from .demo import OwnSandbox, demo_seeds, new_key
+from .demo import SAMPLES_DIRECTORY, OwnSandbox, SampleJobs, new_key, sample_jobs
 from .dispatcher import LocalDispatcher
 from .first_contact import FirstContactError, HeldLogs, probe, refusal, unsupported_detail
-from .handler_module import load_local_handlers
+from .handler_module import demo_handler_names, load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import Progress, Status
 from .project import find_project_root
@@ -131,8 +131,10 @@ class LocalRunner:
     """
 
     def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
-                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False) -> None:
+                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False,
+                 demo_handlers: bool = False) -> None:
         self.settings = settings
+        self.demo_handlers = demo_handlers  # the built-in demo's handlers may run against another server
         self.stats = stats  # the summary's HTTP-call and state-store tables (--stats)
         self.ledger_retention_seconds = ledger_retention_seconds
         self.own_sandbox = own_sandbox
@@ -166,8 +168,15 @@ class LocalRunner:
         self._started_at = time.time()
         root = find_project_root()
         loaded = load_local_handlers(self.settings.handler_module, root, list(self.settings.handlers))
+        names = list(self.settings.handlers) or loaded.names()
+        demo = demo_handler_names(loaded, names)
+        if demo and not self.own_sandbox and not self.demo_handlers:
+            raise ConfigurationError(
+                f"{', '.join(demo)} {'is' if len(demo) == 1 else 'are'} the built-in demo's handler"
+                f"{'' if len(demo) == 1 else 's'} ({self.settings.handler_module}), which run against "
+                f"{display_url(self.settings.base_url)} only with --demo-handlers; name your own module with "
+                "--handler-module FILE.py (or SW_HANDLER_MODULE), or pick only yours with --handlers NAME")
         registry = instrument(loaded, self._observer)
-        names = list(self.settings.handlers) or registry.names()
         allow_waits()  # a new run: retry waits are allowed again (see _give_up)
         with ExitStack() as cleanup:
             # First: a SIGTERM during start-up then drains (nothing taken yet) instead of killing.
@@ -175,12 +184,13 @@ class LocalRunner:
             sandbox = self._start_sandbox(cleanup) if self.own_sandbox else None
             if sandbox is None:
                 probe(self.settings)  # nothing listens there: one line, before anything starts
+            samples = sample_jobs(self.settings.protocol, names, demo, root) if sandbox is not None else None
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
-            if sandbox is not None:
-                sandbox.seed(demo_seeds(self.settings.protocol, names))
+            if sandbox is not None and samples is not None:
+                sandbox.seed(samples.seeds)
             # The banner waits for the first contact: a server that refuses it gets one line
             # instead (first_contact.refusal), not a banner that promised a run.
-            self._intro = self._banner(sandbox, aws, names, dispatcher.concurrency)
+            self._intro = self._banner(sandbox, aws, names, dispatcher.concurrency, samples)
             if self._server_note:
                 self._intro.append(f"  {self._server_note}")
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
@@ -212,7 +222,7 @@ class LocalRunner:
                 return EXIT_INCOMPLETE
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
-            self.console.print(render_summary(summary, stats=self.stats), soft_wrap=True)
+            self.console.print(render_summary(summary, stats=self.stats, results=self.own_sandbox), soft_wrap=True)
             if self._swept:
                 self.console.print(f"({self._swept} settled items older than "
                                    f"{self.ledger_retention_seconds} s were swept from the state file; "
@@ -275,11 +285,18 @@ class LocalRunner:
         return services, aws, scheduler, dispatcher
 
     def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws | None, names: list[str],
-                concurrency: int) -> list[str]:
+                concurrency: int, samples: SampleJobs | None = None) -> list[str]:
         settings = self.settings
+        notes: list[str] = []
         if sandbox is not None:
+            sources = sorted(set((samples.sources if samples is not None else {}).values()))
+            kind = "demo" if sources == ["the demo"] else "sample"
+            origin = "" if kind == "demo" or not sources else f" from {', '.join(sources)}"
             where = (f"{settings.protocol} sandbox (built in) at {sandbox.url}, "
-                     f"{sandbox.seeded} demo job{'s' if sandbox.seeded != 1 else ''}")
+                     f"{sandbox.seeded} {kind} job{'s' if sandbox.seeded != 1 else ''}{origin}")
+            for name in samples.missing if samples is not None else []:
+                notes.append(f"  no sample job for {name}: put its input in {SAMPLES_DIRECTORY}/{name}.json "
+                             "(a JSON object, or a list of them) and run again")
         else:
             transport = f", {settings.transport} transport" if settings.transport != "http" else ""
             where = f"{settings.protocol} server at {settings.base_url}{transport}"
@@ -294,6 +311,7 @@ class LocalRunner:
             f"instance {settings.instance_id}",
             f"  state: SQLite {state} · {machine}",
             f"  {stop}",
+            *notes,
         ]
         return lines
 
