@@ -72,7 +72,7 @@ from .dispatcher import LocalDispatcher
 from .first_contact import FirstContactError, HeldLogs, probe, refusal, unsupported_detail
 from .handler_module import demo_handler_names, load_local_handlers
 from .observe import RunObserver, instrument
-from .progress import Progress, Status
+from .progress import PROGRESS_SHOWN, Progress, Status, progress_text
 from .project import find_project_root
 from .recovery import RecoveryReport, recover
 from .state_file import LocalState
@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"]
 
 log = logging.getLogger("serverless_worker.local")
+_JOB_LOG = logging.getLogger("serverless_worker.job")  # job.log's logger: progress lines go with them
 
 EXIT_INCOMPLETE = 1      # a delivery was left without a definite outcome, the server sent answers
                          # the worker could not use (RunObserver.unsettled, .unusable_answer), or
@@ -161,6 +162,7 @@ class LocalRunner:
         self._server_note: str | None = None  # the state file served another server until now
         self._dispatcher: LocalDispatcher | None = None  # set by _build; told when a stop is requested
         self._intro: list[str] = []   # the banner and start-up notes, printed once the server let us in
+        self._progress_logged = 0     # the last job.progress report logged (RunObserver's seq)
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -220,6 +222,7 @@ class LocalRunner:
                       f"never answered a bootstrap or pull that went through ({self._last_trouble or 'see the log'})"
                       "; nothing was taken", file=sys.stderr)
                 return EXIT_INCOMPLETE
+            self._refresh(progress)  # the last progress lines, before the summary
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
             self.console.print(render_summary(summary, stats=self.stats, results=self.own_sandbox), soft_wrap=True)
@@ -350,8 +353,7 @@ class LocalRunner:
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
         while not self._stop_requested.is_set():
             self._check_signals()
-            status = self._status()
-            progress.update(status)
+            self._refresh(progress)
             if metrics.totals["HandlerCannotFit"] > unfit_seen:
                 self._stop_unfit(services)
             quiet = self._observer.quiet_for()
@@ -381,7 +383,7 @@ class LocalRunner:
         if not self._wait(drainer, progress):
             return True
         dispatcher.close(wait=False)
-        progress.update(self._status())
+        self._refresh(progress)
         return self._hurry.is_set()
 
     @staticmethod
@@ -422,7 +424,7 @@ class LocalRunner:
             self._check_signals()
             if self._hurry.is_set():
                 return False
-            progress.update(self._status())
+            self._refresh(progress)
             thread.join(_POLL)
         return True
 
@@ -525,7 +527,17 @@ class LocalRunner:
         process: the status line, four times a second, costs no DynamoDB read."""
         jobs = self._observer.jobs()
         return Status(taken=jobs.taken, running=jobs.running, done=jobs.done, failed=jobs.failed,
-                      handed_back=jobs.handed_back, discarded=jobs.discarded)
+                      handed_back=jobs.handed_back, discarded=jobs.discarded,
+                      progress=tuple(self._observer.running_progress(PROGRESS_SHOWN)))
+
+    def _refresh(self, progress: Progress) -> None:
+        """The status line redrawn, and each ``job.progress`` reported since the last
+        refresh logged once (its last value per job), at INFO beside the job's log lines."""
+        progress.update(self._status())
+        for entry in self._observer.progress_after(self._progress_logged):
+            _JOB_LOG.info("progress %s", progress_text(entry.value),
+                          extra={"job_id": entry.job_id, "handler": entry.handler})
+            self._progress_logged = max(self._progress_logged, entry.seq)
 
     def _deliveries_running(self) -> int:
         """Deliveries dispatched and not settled, an executor that failed every retry counted

@@ -213,7 +213,8 @@ def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease
                              clock=services.clock).start()
     try:
         result = run_handler(spec, delivery, budget_seconds=budget, cancel_event=cancel,
-                             progress=progress_reporter(services.client, services.events, delivery, on_terminal=lost))
+                             progress=progress_reporter(services.client, services.events, delivery, on_terminal=lost,
+                                                        watcher=services.watcher))
     finally:
         if keeper is not None:
             keeper.stop()

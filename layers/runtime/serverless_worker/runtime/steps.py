@@ -215,7 +215,8 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         result = run_handler(spec, item.delivery, budget_seconds=budget, cancel_event=cancel,
                              checkpoint=item.checkpoint,
                              progress=progress_reporter(services.client, services.events, item.delivery,
-                                                        on_terminal=lambda _: cancel.set()))
+                                                        on_terminal=lambda _: cancel.set(),
+                                                        watcher=services.watcher))
     finally:
         watcher.stop()
     if result.continuation is None:
@@ -275,7 +276,7 @@ def start_callback(services: Services, event: StartCallbackEvent, context: Lambd
                              report_margin=services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
                          progress=progress_reporter(services.client, services.events, item.delivery,
-                                                    on_terminal=None))
+                                                    on_terminal=None, watcher=services.watcher))
     outcome = result.outcome
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
