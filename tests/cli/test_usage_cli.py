@@ -33,8 +33,8 @@ def test_a_misspelt_protocol_prints_one_line_and_exits_2() -> None:
     result = run("local", "--protocol", "pipelogic")
 
     assert result.returncode == 2
-    assert result.stderr == ("serverless-worker local: --protocol 'pipelogic' is not one of pipelogiq, "
-                             "priostack, claimqueue (did you mean 'pipelogiq'?)\n")
+    assert result.stderr == ("serverless-worker: error: --protocol 'pipelogic' is not one of pipelogiq, "
+                             "priostack, claimqueue (did you mean 'pipelogiq'?) (serverless-worker local --help)\n")
     assert result.stdout == ""
 
 

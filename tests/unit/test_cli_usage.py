@@ -31,21 +31,22 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_a_misspelt_protocol_is_one_line_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(["local", "--protocol", "pipelogic"], capsys)
 
-    assert err == ("serverless-worker local: --protocol 'pipelogic' is not one of pipelogiq, priostack, "
-                   "claimqueue (did you mean 'pipelogiq'?)\n")
+    assert err == ("serverless-worker: error: --protocol 'pipelogic' is not one of pipelogiq, priostack, "
+                   "claimqueue (did you mean 'pipelogiq'?) (serverless-worker local --help)\n")
 
 
 def test_a_choice_like_none_of_them_gets_no_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(["local", "--transport", "carrier-pigeon"], capsys)
 
-    assert err == "serverless-worker local: --transport 'carrier-pigeon' is not one of http, socket\n"
+    assert err == ("serverless-worker: error: --transport 'carrier-pigeon' is not one of http, socket "
+                   "(serverless-worker local --help)\n")
 
 
 def test_other_usage_errors_are_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(["local", "--batch-size"], capsys)
 
     assert err.count("\n") == 1 and "usage:" not in err
-    assert err.startswith("serverless-worker local: argument --batch-size: expected one argument")
+    assert err.startswith("serverless-worker: error: argument --batch-size: expected one argument")
 
 
 def test_a_valid_choice_still_parses() -> None:

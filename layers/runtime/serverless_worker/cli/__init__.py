@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .. import __version__
-from ..errors import ServerlessWorkerError
+from ..errors import ERROR_PREFIX, ServerlessWorkerError
 
 __all__ = ["SUBCOMMANDS", "OneLineErrorParser", "build_parser", "main"]
 
@@ -55,7 +55,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {_QUOTED_VALUE_ERROR.sub(_FLAG_THEN_VALUE, message)}\n")
+        command = self.prog.removeprefix(PROG).strip()
+        where = f" ({PROG} {command} --help)" if command else f" ({PROG} --help)"
+        self.exit(EXIT_USAGE, f"{ERROR_PREFIX}{_QUOTED_VALUE_ERROR.sub(_FLAG_THEN_VALUE, message)}{where}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args))
     except ServerlessWorkerError as err:
         # Expected failures (bad settings, port taken, bad seed file) get one line, no traceback.
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

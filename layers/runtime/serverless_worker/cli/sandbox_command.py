@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from ..errors import ConfigurationError
+from ..errors import ERROR_PREFIX, ConfigurationError
 from ..loopback import is_loopback_host
 from ..sandbox import SANDBOXES, create_sandbox
 from ..textforms import coded_message
@@ -342,7 +342,7 @@ def _serve(server: SandboxServer) -> int:
             signal.signal(sig, handler)
         server.stop()
     if not received:
-        print("serverless-worker: the sandbox stopped without a signal (see the log above)", file=sys.stderr)
+        print(f"{ERROR_PREFIX}the sandbox stopped without a signal (see the log above)", file=sys.stderr)
         return 1
     return 0
 

@@ -48,6 +48,7 @@ from pydantic import SecretStr
 
 from .. import errors
 from ..errors import (
+    ERROR_PREFIX,
     AuthenticationError,
     BadRequestError,
     ConfigurationError,
@@ -218,7 +219,7 @@ class LocalRunner:
                 # The server answered HTTP but no bootstrap or pull went through (5xx, 429 to the
                 # end): a summary would be all zeros. One line says what happened instead.
                 progress.abandon()
-                print(f"serverless-worker local: the job server at {display_url(self.settings.base_url)} "
+                print(f"{ERROR_PREFIX}the job server at {display_url(self.settings.base_url)} "
                       f"never answered a bootstrap or pull that went through ({self._last_trouble or 'see the log'})"
                       "; nothing was taken", file=sys.stderr)
                 return EXIT_INCOMPLETE
@@ -620,25 +621,25 @@ class LocalRunner:
             self.console.print("stopped without draining (second signal)", highlight=False, markup=False)
             return EXIT_FORCED
         if stop is not None and stop.exit_status is not None:
-            self.console.print(f"serverless-worker local: {stop.reason}", highlight=False, markup=False)
+            self.console.print(f"{ERROR_PREFIX}{stop.reason}", highlight=False, markup=False)
             return stop.exit_status
         if not summary.definite:
             count = len(summary.unsettled)
-            self.console.print(f"serverless-worker local: {count} deliver{'y' if count == 1 else 'ies'} left "
+            self.console.print(f"{ERROR_PREFIX}{count} deliver{'y' if count == 1 else 'ies'} left "
                                "without a definite outcome on the server (listed above)", highlight=False,
                                markup=False)
             return EXIT_INCOMPLETE
         if summary.unusable:
-            self.console.print(f"serverless-worker local: the server sent {sum(summary.unusable.values())} "
+            self.console.print(f"{ERROR_PREFIX}the server sent {sum(summary.unusable.values())} "
                                "answers the worker could not use (listed above)", highlight=False, markup=False)
             return EXIT_INCOMPLETE
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:
-            self.console.print(f"serverless-worker local: took {summary.taken} job(s) and ran none of them "
+            self.console.print(f"{ERROR_PREFIX}took {summary.taken} job(s) and ran none of them "
                                "(see the log for why each went back)", highlight=False, markup=False)
             return EXIT_INCOMPLETE
         if not self._reached_server and self._server_errors:
-            self.console.print("serverless-worker local: the job server was never reached (see the log)",
+            self.console.print(f"{ERROR_PREFIX}the job server was never reached (see the log)",
                                highlight=False, markup=False)
             return EXIT_INCOMPLETE
         return 0
