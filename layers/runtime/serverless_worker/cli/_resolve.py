@@ -25,14 +25,26 @@ from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
 from ..local.settings import LocalSettings
 from ._flags import env_name, flag_names, settings_from_args
 
-__all__ = ["SOURCE_DEFAULT", "SOURCE_ENVIRONMENT", "SOURCE_FLAG", "LocalSetup", "build_settings",
-           "NO_HANDLER_MODULE"]
+__all__ = ["NO_HANDLER_MODULE", "LocalSetup", "Source", "build_settings"]
 
 # Until our own sandbox listens (on a port the OS picks), the settings need some URL.
 _PLACEHOLDER_URL = "http://127.0.0.1:1"
-SOURCE_FLAG, SOURCE_ENVIRONMENT, SOURCE_DEFAULT = "flag", "environment", "default"
-_SOURCE_LOCAL_DEFAULT, _SOURCE_DEMO_DEFAULT = "default (local command)", "default (built-in demo)"
-_SOURCE_DEMO = "built-in demo"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a setting's value came from: ``kind`` is ``flag``, ``environment``, ``file`` or
+    ``default``; ``detail`` says which (the variable, the file, whose default)."""
+
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.detail})" if self.detail else self.kind
+
+
+_FLAG, _DEFAULT = Source("flag"), Source("default")
+_LOCAL_DEFAULT, _DEMO_DEFAULT = Source("default", "local command"), Source("default", "built-in demo")
 NO_HANDLER_MODULE = ("no handler module to run: name yours with --handler-module FILE.py, a package directory "
                      "or a module name (or SW_HANDLER_MODULE), or run from a project whose template.yaml sets "
                      "SW_HANDLER_MODULE (`serverless-worker init` writes one)")
@@ -44,20 +56,22 @@ class LocalSetup:
 
     settings: LocalSettings
     own_sandbox: bool
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # what a run would refuse (``strict=False`` only)
 
 
-def build_settings(args: argparse.Namespace, *, require_handlers: bool = True) -> LocalSetup:
+def build_settings(args: argparse.Namespace, *, strict: bool = True) -> LocalSetup:
     """The validated settings and where each came from; ConfigurationError names every bad
-    setting (its variable and flag) at once. ``require_handlers``: no handler module is
-    itself an error (one line), as it is for a run; ``config`` only shows that it is missing."""
+    setting (its variable and flag) at once, and a missing handler module in one line.
+    ``strict=False`` (``config``): only a value the model refuses raises; the rules across
+    settings and the missing module are returned in :attr:`LocalSetup.problems` instead."""
     given = settings_from_args(args)
-    sources = dict.fromkeys(given, SOURCE_FLAG)
+    sources = dict.fromkeys(given, _FLAG)
     problems: list[str] = []
     queue = getattr(args, "queue", None)
     if queue is not None:
         _queue(queue, given, problems)
-        sources["handlers"] = f"{SOURCE_FLAG} (--queue)"
+        sources["handlers"] = Source("flag", "--queue")
     key_env = getattr(args, "api_key_env", None)
     if key_env is not None:
         value = os.environ.get(key_env, "")
@@ -65,26 +79,26 @@ def build_settings(args: argparse.Namespace, *, require_handlers: bool = True) -
             problems.append(f"--api-key-env {key_env}: the environment variable {key_env} is not set")
         else:
             given["api_key"] = value
-            sources["api_key"] = f"{SOURCE_ENVIRONMENT} ({key_env}, named by --api-key-env)"
+            sources["api_key"] = Source("environment", f"{key_env}, named by --api-key-env")
     for name in LocalSettings.model_fields:
         if name not in sources and _in_environment(name):
-            sources[name] = f"{SOURCE_ENVIRONMENT} ({env_name(name)})"
+            sources[name] = Source("environment", env_name(name))
     own_sandbox = "base_url" not in given and not _in_environment("base_url")
     values: dict[str, Any] = {}
     for name, value in LOCAL_DEFAULTS.items():
         if not _in_environment(name):
             values[name] = value
-            sources[name] = _SOURCE_LOCAL_DEFAULT
+            sources[name] = _LOCAL_DEFAULT
     if own_sandbox:
         for name, value in DEMO_DEFAULTS.items():
             if not _in_environment(name):
                 values[name] = value
-                sources[name] = _SOURCE_DEMO_DEFAULT
+                sources[name] = _DEMO_DEFAULT
     values.update(given)
-    sources.update(dict.fromkeys(set(given) - set(sources), SOURCE_FLAG))
+    sources.update(dict.fromkeys(set(given) - set(sources), _FLAG))
     if own_sandbox:
         values["base_url"] = _PLACEHOLDER_URL
-        sources["base_url"] = "the built-in sandbox (no --url)"
+        sources["base_url"] = Source("default", "the built-in sandbox: no --url")
     missing_module = _handler_module(values, sources, own_sandbox)
     try:
         settings = LocalSettings(**values)
@@ -93,21 +107,20 @@ def build_settings(args: argparse.Namespace, *, require_handlers: bool = True) -
             lambda name: values.get(name) or os.environ.get(env_name(name)), own_sandbox,
             key_problem=key_env is not None))) from None
     problems += _cross_checks(lambda name: getattr(settings, name), own_sandbox, key_problem=key_env is not None)
-    if problems:
-        raise ConfigurationError(_message(problems + ([NO_HANDLER_MODULE] if missing_module and require_handlers
-                                                      else [])))
-    if missing_module and require_handlers:
+    if strict and problems:
+        raise ConfigurationError(_message(problems + ([NO_HANDLER_MODULE] if missing_module else [])))
+    if strict and missing_module:
         raise ConfigurationError(NO_HANDLER_MODULE)
     for name in LocalSettings.model_fields:
-        sources.setdefault(name, SOURCE_DEFAULT)
-    return LocalSetup(settings, own_sandbox, sources)
+        sources.setdefault(name, _DEFAULT)
+    return LocalSetup(settings, own_sandbox, sources, problems + ([NO_HANDLER_MODULE] if missing_module else []))
 
 
 def _in_environment(name: str) -> bool:
     return bool(os.environ.get(env_name(name), "").strip())
 
 
-def _handler_module(values: dict[str, Any], sources: dict[str, str], own_sandbox: bool) -> bool:
+def _handler_module(values: dict[str, Any], sources: dict[str, Source], own_sandbox: bool) -> bool:
     """Fill in the handler module when no flag or variable named it: the project's template's,
     else, for the built-in demo only, the demo's. Returns whether there is none."""
     from ..local.handler_module import DEMO_HANDLER_MODULE, project_handler_module
@@ -118,11 +131,11 @@ def _handler_module(values: dict[str, Any], sources: dict[str, str], own_sandbox
     if named is not None:
         module, template = named
         values["handler_module"] = module
-        sources["handler_module"] = f"file ({_shown(template)})"
+        sources["handler_module"] = Source("file", _shown(template))
         return False
     # The model's own default stands in (for validation); a run for a server refuses it.
     values["handler_module"] = DEMO_HANDLER_MODULE
-    sources["handler_module"] = _SOURCE_DEMO if own_sandbox else "none (see below)"
+    sources["handler_module"] = Source("default", "built-in demo") if own_sandbox else Source("none")
     return not own_sandbox
 
 

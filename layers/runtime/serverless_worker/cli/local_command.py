@@ -60,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--demo-handlers", action="store_true",
                         help="let the built-in demo's handlers (this repository's examples) run against the "
                              "server --url names; without it they run only against the built-in sandbox")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON document on stdout (counts, failed jobs with code and "
+                             "message, results, latencies, exit_status and verdict); everything else goes to stderr")
     parser.add_argument("--stats", action="store_true",
                         help="end the summary with the HTTP calls per job by endpoint and the state file's "
                              "reads and writes per job (for benchmarks and tuning)")
@@ -75,13 +78,16 @@ def run(args: argparse.Namespace) -> int:
 
     from ..local.worker import EXIT_FORCED, LocalRunner
 
-    live = sys.stdout.isatty()
-    console = Console(highlight=False, width=None if live else 120)
+    # With --json, stdout holds the summary's JSON alone: the banner, status and logs go to stderr.
+    out = sys.stderr if args.json else sys.stdout
+    live = out.isatty()
+    console = Console(file=out, highlight=False, width=None if live else 120)
     # job.log lines show unless a log level was asked for: then that level rules them too.
     level_given = args.setting_log_level is not None or bool(os.environ.get(env_name("log_level"), "").strip())
     _configure_logging(settings.log_level, console, live, job_lines=not level_given)
     status = LocalRunner(settings, own_sandbox=own_sandbox, console=console, live=live,
-                         stats=bool(getattr(args, "stats", False)), demo_handlers=args.demo_handlers).run()
+                         stats=bool(getattr(args, "stats", False)), demo_handlers=args.demo_handlers,
+                         json_summary=args.json).run()
     if status == EXIT_FORCED:
         # A second Ctrl-C means now: do not wait for handler threads still running.
         sys.stdout.flush()

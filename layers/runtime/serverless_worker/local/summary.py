@@ -31,7 +31,7 @@ from ..state.items import delivery_record
 from ..textforms import coded_message
 
 __all__ = ["DoneJob", "FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary",
-           "summarize", "unsettled_reason"]
+           "summarize", "summary_document", "unsettled_reason"]
 
 _REPORTED = frozenset({LedgerStatus.REPORTED, LedgerStatus.ACKNOWLEDGED})
 SOURCE_ADMIN = "sandbox admin history"
@@ -343,6 +343,27 @@ def _ms(value: float | None) -> str:
 
 def _latency(values: list[float]) -> str:
     return f"p50 {_ms(percentile(values, 50))} · p95 {_ms(percentile(values, 95))} (n={len(values)})"
+
+
+_LATENCIES = {"created_to_handler_start": "to_start", "created_to_result_reported": "to_report",
+              "pulled_to_handler_start": "pulled_to_start", "pulled_to_result_reported": "pulled_to_report"}
+
+
+def summary_document(summary: RunSummary, *, exit_status: int, verdict: str | None) -> dict[str, Any]:
+    """The summary as JSON-able data (``local --json``): every field of :class:`RunSummary`
+    as pydantic dumps it, the latency lists as p50/p95/n (seconds), and the run's exit
+    status with the line that explains it (``None`` when the run succeeded)."""
+    from pydantic import TypeAdapter
+
+    data: dict[str, Any] = TypeAdapter(RunSummary).dump_python(summary, mode="json")
+    latency = {}
+    for name, attribute in _LATENCIES.items():
+        values = data.pop(attribute)
+        if values:
+            latency[name] = {"p50": percentile(values, 50), "p95": percentile(values, 95), "n": len(values)}
+    data.update(failed_total=summary.failed_total, definite=summary.definite, latency_seconds=latency,
+                exit_status=exit_status, verdict=verdict)
+    return data
 
 
 def render_summary(summary: RunSummary, *, stats: bool = False, results: bool = False) -> Any:

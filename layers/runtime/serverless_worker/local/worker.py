@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -77,7 +78,7 @@ from .progress import PROGRESS_SHOWN, Progress, Status, progress_text
 from .project import find_project_root
 from .recovery import RecoveryReport, recover
 from .state_file import LocalState
-from .summary import RunSummary, ledger_records, render_summary, summarize
+from .summary import RunSummary, ledger_records, render_summary, summarize, summary_document
 from .template import function_timeout
 
 if TYPE_CHECKING:
@@ -134,9 +135,10 @@ class LocalRunner:
 
     def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
                  ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False,
-                 demo_handlers: bool = False) -> None:
+                 demo_handlers: bool = False, json_summary: bool = False) -> None:
         self.settings = settings
         self.demo_handlers = demo_handlers  # the built-in demo's handlers may run against another server
+        self.json_summary = json_summary    # the summary as JSON on stdout (``console`` is then stderr)
         self.stats = stats  # the summary's HTTP-call and state-store tables (--stats)
         self.ledger_retention_seconds = ledger_retention_seconds
         self.own_sandbox = own_sandbox
@@ -226,12 +228,20 @@ class LocalRunner:
             self._refresh(progress)  # the last progress lines, before the summary
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
-            self.console.print(render_summary(summary, stats=self.stats, results=self.own_sandbox), soft_wrap=True)
+            status, verdict = self._verdict(summary, forced)
+            if self.json_summary:
+                document = summary_document(summary, exit_status=status, verdict=verdict)
+                sys.stdout.write(json.dumps(document, indent=2) + "\n")
+                sys.stdout.flush()
+            else:
+                self.console.print(render_summary(summary, stats=self.stats, results=self.own_sandbox),
+                                   soft_wrap=True)
             if self._swept:
                 self.console.print(f"({self._swept} settled items older than "
                                    f"{self.ledger_retention_seconds} s were swept from the state file; "
                                    "the summary counts the rest)", highlight=False, markup=False)
-            status = self._exit_status(summary, forced)
+            if verdict is not None:
+                self.console.print(verdict, highlight=False, markup=False)
         return status
 
     def _start_sandbox(self, cleanup: ExitStack) -> OwnSandbox:
@@ -615,31 +625,24 @@ class LocalRunner:
                          unusable=observer.unusable_answers(),
                          deliberate=sandbox.deliberate if sandbox is not None else None)
 
-    def _exit_status(self, summary: RunSummary, forced: bool) -> int:
+    def _verdict(self, summary: RunSummary, forced: bool) -> tuple[int, str | None]:
+        """The exit status, and the line that says why when it is not 0."""
         stop = self._stop
         if forced:
-            self.console.print("stopped without draining (second signal)", highlight=False, markup=False)
-            return EXIT_FORCED
+            return EXIT_FORCED, "stopped without draining (second signal)"
         if stop is not None and stop.exit_status is not None:
-            self.console.print(f"{ERROR_PREFIX}{stop.reason}", highlight=False, markup=False)
-            return stop.exit_status
+            return stop.exit_status, f"{ERROR_PREFIX}{stop.reason}"
         if not summary.definite:
             count = len(summary.unsettled)
-            self.console.print(f"{ERROR_PREFIX}{count} deliver{'y' if count == 1 else 'ies'} left "
-                               "without a definite outcome on the server (listed above)", highlight=False,
-                               markup=False)
-            return EXIT_INCOMPLETE
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}{count} deliver{'y' if count == 1 else 'ies'} left without a "
+                                     "definite outcome on the server (listed above)")
         if summary.unusable:
-            self.console.print(f"{ERROR_PREFIX}the server sent {sum(summary.unusable.values())} "
-                               "answers the worker could not use (listed above)", highlight=False, markup=False)
-            return EXIT_INCOMPLETE
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}the server sent {sum(summary.unusable.values())} answers "
+                                     "the worker could not use (listed above)")
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:
-            self.console.print(f"{ERROR_PREFIX}took {summary.taken} job(s) and ran none of them "
-                               "(see the log for why each went back)", highlight=False, markup=False)
-            return EXIT_INCOMPLETE
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}took {summary.taken} job(s) and ran none of them (see the "
+                                     "log for why each went back)")
         if not self._reached_server and self._server_errors:
-            self.console.print(f"{ERROR_PREFIX}the job server was never reached (see the log)",
-                               highlight=False, markup=False)
-            return EXIT_INCOMPLETE
-        return 0
+            return EXIT_INCOMPLETE, f"{ERROR_PREFIX}the job server was never reached (see the log)"
+        return 0, None
