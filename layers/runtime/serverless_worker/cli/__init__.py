@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete: this entry point answers tab completion; see main)
 """The ``serverless-worker`` command: a thin argparse frame over the runtime.
 
 Each subcommand is one module of this package, named ``<subcommand>_command``, exposing ``register(subparsers)``, which
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -35,6 +37,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "drain",
     "doctor",
     "config",
+    "completion",
 )
 
 # Exit status for usage and configuration errors, the same one argparse uses.
@@ -74,8 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit status."""
+    """Entry point of the console script; returns the process exit status.
+
+    Asked by the shell for completions (argcomplete's ``_ARGCOMPLETE`` protocol: ``completion``
+    prints the shell code that asks), it answers from the parser and exits without running
+    anything; argcomplete is imported only then, so a normal start pays nothing for it.
+    """
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
