@@ -37,6 +37,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "drain",
     "doctor",
     "config",
+    "ledger",
     "completion",
 )
 

@@ -284,7 +284,7 @@ def _failed_jobs(summary: RunSummary) -> list[Any]:
         lines += [f"      {_printable(line)}" for line in more]
     if len(summary.failed_jobs) > _LISTED_MAX:
         lines.append(f"  ... and {len(summary.failed_jobs) - _LISTED_MAX} more "
-                     "(`serverless-worker ledger --state failed` lists them all)")
+                     "(`serverless-worker ledger --status failed` lists them all)")
     deliberate = all(job.deliberate for job in summary.failed_jobs)
     return [Text("\n".join(lines) + "\n", style="dim" if deliberate else "yellow")]
 
