@@ -95,3 +95,14 @@ def test_a_clean_state_file_recovers_nothing(tmp_path: Path) -> None:
     dispatcher = RecordingDispatcher()
     report = recover(_services(tmp_path, dispatcher))
     assert report.total == 0 and not dispatcher.invoked and not dispatcher.executions
+
+
+def test_the_recovery_note_says_what_became_of_each_and_what_was_lost() -> None:
+    from serverless_worker.local.recovery import RecoveryReport, recovery_note
+
+    nothing_lost = recovery_note(RecoveryReport(dispatched=2, stranded=1))
+    assert nothing_lost == ("recovered 3 deliveries an earlier run left in flight: 2 never started (run now); "
+                            "1 already ran (their stored outcome is reported, not run again); nothing was lost")
+    killed = recovery_note(RecoveryReport(stranded=1, vanished=1))
+    assert killed.endswith("1 running when it was killed (reported as timed out, so the server may retry them); "
+                           "only the unstored work of the 1 killed run is lost"), killed

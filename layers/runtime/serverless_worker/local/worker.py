@@ -76,7 +76,7 @@ from .handler_module import demo_handler_names, load_local_handlers
 from .observe import RunObserver, instrument
 from .progress import PROGRESS_SHOWN, Progress, Status, progress_text
 from .project import find_project_root
-from .recovery import RecoveryReport, recover
+from .recovery import RecoveryReport, recover, recovery_note
 from .state_file import LocalState
 from .summary import RunSummary, ledger_records, render_summary, summarize, summary_document
 from .template import function_timeout
@@ -203,10 +203,7 @@ class LocalRunner:
             resume_pulling(services)
             self._recovered = recover(services)
             if self._recovered.total:
-                self._intro.append(
-                    f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
-                    f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
-                    "settled without running again")
+                self._intro.append(f"  {recovery_note(self._recovered)}")
             progress = Progress(self.console, live=self.live)  # started once the first contact went through
             cleanup.callback(progress.stop)
             held = HeldLogs().attach(logging.getLogger().handlers)

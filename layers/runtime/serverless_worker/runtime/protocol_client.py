@@ -123,10 +123,12 @@ class ProtocolClient:
             except SessionRecoveryPausedError as paused:
                 log.info("worker session rejected; not re-bootstrapping yet: %s", paused)
                 raise
-            log.warning("worker session rejected; recovered")
             self._events().add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped",
                                level="WARN")
-            return fn(self.protocol)
+            result = fn(self.protocol)
+            log.warning("the job server rejected the worker session (it expired, or another bootstrap replaced "
+                        "it); a new session was opened and the call made again on it: nothing was lost")
+            return result
         except InvalidApiKeyError:
             if not self._refresh_credential():
                 raise

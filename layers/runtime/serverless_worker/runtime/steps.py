@@ -230,7 +230,8 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
         cycles = store.renew_deadline(key, epoch, deadline=services.clock() + _grace(services))
     except StaleWriteError:
-        log.warning("run %s lost the delivery at a slice boundary", epoch)
+        log.warning("run %s no longer owns delivery %s at a slice boundary (the reaper or a newer run took it "
+                    "over): this slice's checkpoint is lost; the owner settles the job", epoch, key)
         return _slice()
     except PayloadTooLargeError as err:
         store_if_owned(store, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
