@@ -114,13 +114,10 @@ def _outcome(entry: LedgerEntry) -> str:
     return f"{outcome.kind} {coded_message(outcome.code, outcome.message)}"
 
 
-def _clip(text: str, most: int = _LINE_MAX) -> str:
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= most else one_line[:most - 3] + "..."
-
-
 def _line(entry: LedgerEntry) -> str:
-    return (f"{entry.job_id}  {entry.handler}  {entry.status}  {_clip(_outcome(entry))}  "
+    from ..textforms import clipped_line
+
+    return (f"{entry.job_id}  {entry.handler}  {entry.status}  {clipped_line(_outcome(entry), _LINE_MAX)}  "
             f"attempt {entry.attempt}  {_when(entry.updated_at)}")
 
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from ..errors import ERROR_PREFIX, ConfigurationError
 from ..loopback import is_loopback_host
 from ..sandbox import SANDBOXES, create_sandbox
-from ..textforms import coded_message
+from ..textforms import clipped_line, coded_message
 
 if TYPE_CHECKING:
     from ..sandbox import Sandbox, SandboxServer
@@ -149,16 +149,13 @@ def _compact(value: Any) -> str:
     return "-" if value is None else json.dumps(value, separators=(", ", ": "), default=str)
 
 
-def _clip(text: str) -> str:
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= _RESULT_MAX else one_line[:_RESULT_MAX - 3] + "..."
-
-
 def _job_line(view: JobView) -> str:
     """``id  handler  state  result R  error CODE: message  (N attempts)``, each part clipped."""
-    error = f"  error {_clip(coded_message(view.code, view.message))}" if view.code or view.message else ""
+    failed = view.code or view.message
+    error = f"  error {clipped_line(coded_message(view.code, view.message), _RESULT_MAX)}" if failed else ""
     attempts = "" if view.attempts is None else f"  ({view.attempts} attempt{'s' if view.attempts != 1 else ''})"
-    return f"{view.job_id}  {view.handler}  {view.state}  result {_clip(_compact(view.result))}{error}{attempts}"
+    result = clipped_line(_compact(view.result), _RESULT_MAX)
+    return f"{view.job_id}  {view.handler}  {view.state}  result {result}{error}{attempts}"
 
 
 def _job_block(view: JobView) -> str:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..textforms import clipped_line
+
 if TYPE_CHECKING:
     from .observe import JobProgress
 
@@ -30,8 +32,7 @@ PLAIN_EVERY = 10.0        # seconds between plain lines while the counts stay th
 def progress_text(value: Any) -> str:
     """A progress value as one short line: text as it is, anything else as compact JSON."""
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= _PROGRESS_MAX else text[:_PROGRESS_MAX - 3] + "..."
+    return clipped_line(text, _PROGRESS_MAX)
 
 
 @dataclass(frozen=True)

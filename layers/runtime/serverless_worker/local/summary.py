@@ -28,7 +28,7 @@ from typing import Any
 
 from ..model import FINAL_STATUSES, LedgerStatus, OutcomeKind
 from ..state.items import delivery_record
-from ..textforms import coded_message
+from ..textforms import clipped_line, coded_message
 
 __all__ = ["DoneJob", "FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary",
            "summarize", "summary_document", "unsettled_reason"]
@@ -302,7 +302,7 @@ def _results(summary: RunSummary) -> list[Any]:
     lines = [f"results ({len(summary.done_jobs)}): job id, handler, result"]
     for job in summary.done_jobs[:_LISTED_MAX]:
         text = json.dumps(job.result, separators=(", ", ": "), default=str, ensure_ascii=False)
-        text = text if len(text) <= _RESULT_MAX else text[:_RESULT_MAX - 3] + "..."
+        text = clipped_line(text, _RESULT_MAX)
         lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(text)}")
     if len(summary.done_jobs) > _LISTED_MAX:
         lines.append(f"  ... and {len(summary.done_jobs) - _LISTED_MAX} more")
