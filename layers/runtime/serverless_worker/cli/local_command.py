@@ -1,8 +1,11 @@
 """``serverless-worker local``: run the worker on this machine, with the Lambda stack's code.
 
-Without ``--url`` (or ``SW_BASE_URL``) it is the demo: a built-in sandbox seeded with
-jobs for the example handlers, worked until idle. With ``--url`` it is a worker for a
-real server, for development or a plain VM, until Ctrl-C (or ``--until-idle``). Every
+Without ``--url`` (or ``SW_BASE_URL``) it works a built-in sandbox until idle, seeded with
+jobs for the handlers it runs: in this repository the demo's, in a project its own
+handlers' sample jobs (``events/<handler>.json``). With ``--url`` it is a worker for a real
+server, for development or a plain VM, until Ctrl-C (or ``--until-idle``); the handlers are
+the user's (``--handler-module`` or the project's template.yaml, ``cli/_resolve.py``), and
+the demo's only with ``--demo-handlers``. ``--json`` prints the summary as JSON on stdout. Every
 setting is a flag named after its ``SW_*`` variable (``serverless-worker config``), read
 and validated by the one settings model before anything starts; a bad one exits 2 with
 a message naming it.
@@ -32,7 +35,8 @@ _WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer", "websockets", "uv
 
 _EPILOG = """\
 examples:
-  serverless-worker local                                  the demo: built-in Pipelogiq sandbox
+  serverless-worker local                                  a built-in Pipelogiq sandbox: the demo here, a
+                                                           project's own handlers in its directory
   serverless-worker local --protocol claimqueue --transport socket
   MY_KEY=... serverless-worker local --url https://jobs.example.com --api-key-env MY_KEY \\
       --handler-module my_handlers.py --handlers resize --concurrency 8
@@ -51,11 +55,12 @@ was stored runs again.
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``local`` subcommand."""
     parser = subparsers.add_parser(
-        "local", help="run the worker here: the demo, or a worker for a real server (--url)",
+        "local", help="run the worker here: on a built-in sandbox, or as a worker for a real server (--url)",
         description="Run the scheduler, executors and state-machine steps of the Lambda stack in this "
                     "process, with the state in a SQLite file (--state; a restart on the same file settles "
                     "what a killed run left) and, for long-running handlers only, Step Functions embedded "
-                    "(moto). Without --url it works demo jobs on a built-in sandbox until idle.",
+                    "(moto). Without --url it works a built-in sandbox until idle, seeded with the demo's jobs "
+                    "or the project's sample jobs (events/<handler>.json).",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demo-handlers", action="store_true",
                         help="let the built-in demo's handlers (this repository's examples) run against the "
