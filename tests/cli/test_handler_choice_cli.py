@@ -24,9 +24,11 @@ pytestmark = pytest.mark.cli
 KEY = {"api_keys": {SECRET: 12}}
 
 
-def local(cwd: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def local(cwd: Path, state: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command in ``cwd`` (this repository, or a directory that is no project), its state
+    file in ``state``, the test's temporary directory: never in the checkout."""
     return subprocess.run([str(CLI), "local", "--url", url, "--api-key-env", "TEST_KEY", "--until-idle", "1",
-                           "--state", str(cwd / ".sw-test-state.sqlite3"), *args], cwd=cwd,
+                           "--state", str(state / "state.sqlite3"), *args], cwd=cwd,
                           env=clean_env(TEST_KEY=SECRET), capture_output=True, text=True, timeout=120)
 
 
@@ -47,12 +49,12 @@ def echo_server(serve: Callable[..., Any]) -> tuple[Any, SandboxAdmin]:
 @pytest.mark.parametrize("named", [(), ("--handler-module", "functions/handlers")],
                          ids=["the project's template", "named by flag"])
 def test_the_demo_handlers_never_run_against_another_server_by_default(
-        echo_server: tuple[Any, SandboxAdmin], named: tuple[str, ...]) -> None:
+        echo_server: tuple[Any, SandboxAdmin], named: tuple[str, ...], tmp_path: Path) -> None:
     # given this repository, whose template names the example handlers (the built-in demo's)
     server, admin = echo_server
 
     # when a run is pointed at a server that is not its own sandbox, without --demo-handlers
-    result = local(ROOT, server.url, *named)
+    result = local(ROOT, tmp_path, server.url, *named)
 
     # then it is refused in one line naming the flag, and the server was never pulled from
     assert result.returncode == 2, result.stdout + result.stderr
@@ -63,10 +65,11 @@ def test_the_demo_handlers_never_run_against_another_server_by_default(
     assert untouched(admin), admin.jobs()
 
 
-def test_the_demo_handlers_run_against_another_server_when_asked(echo_server: tuple[Any, SandboxAdmin]) -> None:
+def test_the_demo_handlers_run_against_another_server_when_asked(echo_server: tuple[Any, SandboxAdmin],
+                                                                 tmp_path: Path) -> None:
     server, admin = echo_server
 
-    result = local(ROOT, server.url, "--demo-handlers")
+    result = local(ROOT, tmp_path, server.url, "--demo-handlers")
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert [job["status"] for job in admin.jobs()] == ["Completed"]
@@ -78,7 +81,7 @@ def test_without_a_handler_module_a_run_for_a_server_is_refused_in_one_line(
     server, admin = echo_server
 
     # when a run for a server names no handler module
-    result = local(tmp_path, server.url)
+    result = local(tmp_path, tmp_path, server.url)
 
     # then one line says how to name one, and nothing was pulled
     assert result.returncode == 2, result.stdout + result.stderr
