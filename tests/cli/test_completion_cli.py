@@ -47,3 +47,16 @@ def test_other_shells_get_their_own_code(shell: str) -> None:
 
     assert result.returncode == 0, result.stderr
     assert "serverless-worker" in result.stdout and "_ARGCOMPLETE" in result.stdout
+
+
+def test_without_argcomplete_a_completion_request_gets_no_words_and_runs_nothing() -> None:
+    # given the command installed without the local extra (argcomplete not importable)
+    script = ("import sys; sys.modules['argcomplete'] = None\n"
+              "from serverless_worker.cli import main\nsys.exit(main(['local']))\n")
+
+    # when the shell asks it for completions
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "_ARGCOMPLETE": "1"}, check=False)
+
+    # then it answers nothing, quietly, and runs no subcommand (local would start a worker)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", "")
