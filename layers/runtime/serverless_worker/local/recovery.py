@@ -44,6 +44,7 @@ class RecoveryReport:
     dispatched: int = 0
     stranded: int = 0
     vanished: int = 0   # of ``stranded``: a run claimed it and no outcome was stored (RUNNING)
+    unstarted: int = 0  # of ``stranded``: never claimed and not dispatched again (handed back unrun)
 
     @property
     def total(self) -> int:
@@ -70,8 +71,9 @@ def recover(services: Services) -> RecoveryReport:
         if store.postpone(item.key, now - 1.0):
             report.stranded += 1
             report.vanished += item.status is LedgerStatus.RUNNING
+            report.unstarted += item.status in _NEVER_CLAIMED
     if report.total:
-        services.events.add("worker.recovered", f"found {report.total} deliveries of an earlier run in flight",
+        services.events.add("worker.recovered", recovery_note(report),
                             level="WARN", dispatched=report.dispatched, stranded=report.stranded)
     return report
 
@@ -80,8 +82,11 @@ def recovery_note(report: RecoveryReport) -> str:
     """What recovery did, in one line, and what it cost: nothing, except the work of a run
     that vanished before its outcome was stored (reported as timed out, so the server may
     retry the job)."""
-    stored = report.stranded - report.vanished
+    stored = report.stranded - report.vanished - report.unstarted
     parts = [f"{report.dispatched} never started (run now)"] if report.dispatched else []
+    if report.unstarted:
+        parts.append(f"{report.unstarted} never started and not run this time (handed back to the server "
+                     "unstarted)")
     if stored:
         parts.append(f"{stored} already ran (their stored outcome is reported, not run again)")
     if report.vanished:

@@ -470,7 +470,9 @@ class LocalRunner:
                 failures += 1
                 self._server_errors += 1
                 self._last_trouble = f"{type(err).__name__}: {err}"
-                log.warning("scheduler tick failed (%s: %s); next tick in %.0f s", type(err).__name__, err,
+                log.warning("scheduler tick failed (%s: %s): nothing is lost (what it recorded is settled by the next "
+                            "tick's reaper; what it pulled and did not record the server hands out again); next "
+                            "tick in %.0f s", type(err).__name__, err,
                             min(10.0, 0.5 * 2 ** failures))
                 self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
                 continue

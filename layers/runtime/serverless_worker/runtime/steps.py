@@ -139,7 +139,8 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
         return _done(reason=refusal.reason, epoch=epoch)
     except ProtocolError as err:
         if handover:  # unknown whether the renewal went through: the renew loop tries again
-            log.warning("lease refresh at handover failed; the renew loop retries: %s", err)
+            log.warning("lease refresh at handover failed; the renew loop tries again before the lease expires "
+                        "(nothing is lost yet): %s", err)
             lease = Lease()
         else:
             # Unknown whether we hold the lease; the handler has not started: handing back is safe.
@@ -327,7 +328,8 @@ def renew(services: Services, event: RenewEvent, context: LambdaContextLike) -> 
         except LeaseRefusedError as refusal:
             return _renewal_refused(services, item, epoch, refusal)
         except ProtocolError as err:
-            log.warning("renewal failed; will retry at the next cycle: %s", err)
+            log.warning("renewal failed; tried again at the next cycle, before the lease expires (nothing is lost "
+                        "yet): %s", err)
     if item.callback_token:
         _callback_heartbeat(services, item.callback_token)
     try:
@@ -518,7 +520,8 @@ def _callback_heartbeat(services: Services, token: str) -> None:
         if not services.dispatch.heartbeat_task(token):
             log.info("callback heartbeat not sent: the task already ended")
     except DispatchError as err:
-        log.warning("callback heartbeat failed; the next cycle sends another: %s", err)
+        log.warning("callback heartbeat failed; the next cycle sends another (nothing is lost yet: the task's "
+                    "heartbeat timeout spans several cycles): %s", err)
 
 
 class _CancelWatcher:

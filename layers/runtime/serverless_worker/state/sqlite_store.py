@@ -465,7 +465,8 @@ class SqliteStateStore(StateStore):
         if not wait:
             self._count("write")
             self._writes.submit(write, lambda err: log.warning(
-                "SQLite state store %s: %s of %s was not saved (%s: %s); the next start settles it again",
+                "SQLite state store %s: %s of %s was not saved (%s: %s); the next start on this file settles "
+                "that delivery again from what was saved: nothing is lost",
                 self.path, what, pk, type(err).__name__, err))
             return {}
         return self._write(write)
