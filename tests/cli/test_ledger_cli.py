@@ -136,6 +136,12 @@ def test_a_deployed_stacks_table_is_found_from_its_outputs(
     [entry] = json.loads(waiting.stdout)
     assert entry["status"] in ("RECORDED", "DISPATCHED") and entry["deadline"] is not None, entry
     assert entry["outcome"] is None and entry["final"] is False
+    # and --handler and the other status words filter the table's entries as the file's
+    assert len(run_cli("ledger", "--stack-name", "my-worker", "--handler", "echo", env=env).stdout.splitlines()) == 2
+    assert run_cli("ledger", "--stack-name", "my-worker", "--handler", "other", env=env).stdout.startswith(
+        "no deliveries")
+    [done] = run_cli("ledger", "--stack-name", "my-worker", "--status", "done", env=env).stdout.splitlines()
+    assert "  echo  ACKNOWLEDGED  success  " in done and done.split()[0] != entry["job_id"], done
     # and its full record says where it stands and until when
     full = run_cli("ledger", "--table-name", TABLE, entry["job_id"], env=env).stdout
     assert "taken, not started yet" in full and "  deadline    " in full, full
