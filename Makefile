@@ -96,14 +96,14 @@ test: venv ## run every test tier in parallel (installs DynamoDB Local first whe
 # every protocol worked on the stack's own schedule, the long-running path, the failure paths,
 # a log scan for secrets and `sam delete`; beside them, the project `serverless-worker init`
 # writes, built and deployed as its README says, works its jobs on its own schedule. It ends
-# with the `deployed tier:` and `init stack:` lines. LocalStack
-# is AWS_ENDPOINT_URL when set (LocalStack's container), else the shared host script beside
-# this repository (LOCALSTACK_HOST), started and stopped by the run. About 10 minutes.
-LOCALSTACK_HOST ?= $(abspath $(CURDIR)/..)/shared/tools/localstack-host.sh
+# with the `deployed tier:` and `init stack:` lines. LocalStack is AWS_ENDPOINT_URL when set
+# (one already running); else, where Docker answers, LocalStack's own CLI (`localstack start`);
+# else the host helper beside this repository (../shared/tools/localstack-host.sh, or
+# LOCALSTACK_HOST=PATH), started and stopped by the run. About 10 minutes.
 DEPLOYED_SUMMARY := .aws-sam/deployed/summary.txt
-test-deployed: venv sam-venv ## sam deploy the stack into LocalStack and run every protocol through it
+test-deployed: tools-test-deployed venv sam-venv ## sam deploy the stack into LocalStack and run every protocol through it
 	@rm -f $(DEPLOYED_SUMMARY)
-	@status=0; SWTEST_DEPLOYED_TIER=1 SWTEST_LOCALSTACK_HOST="$(LOCALSTACK_HOST)" $(VENV)/bin/python -m pytest \
+	@status=0; SWTEST_DEPLOYED_TIER=1 $(call helper_env,SWTEST_LOCALSTACK_HOST,LOCALSTACK_HOST) $(VENV)/bin/python -m pytest \
 		tests/deployed -p no:cacheprovider -p no:xdist --timeout 1500 -v $(PYTEST_ARGS) || status=$$?; \
 	if [ -f $(DEPLOYED_SUMMARY) ]; then cat $(DEPLOYED_SUMMARY); else echo "deployed tier: FAILED before any stack was deployed"; fi; \
 	exit $$status
@@ -181,13 +181,29 @@ sam-build: sam-venv ## sam build for ARCHITECTURE (x86_64 or arm64) with python3
 
 # sam build, then `sam local invoke` of every function with each of its events/ files in a
 # Lambda container, checking the outcome (scripts/sam_local_invoke.py says what); then the
-# same for the executor and scheduler of the project `serverless-worker init` writes. Machines
-# without Docker get podman through the shared shim beside this repository; set
-# SAM_LOCAL_PODMAN= (empty) to use a Docker engine that is already running instead.
-SAM_LOCAL_PODMAN ?= $(abspath $(CURDIR)/..)/shared/tools/sam-local-podman.sh
-sam-local-invoke: venv sam-venv ## sam build + sam local invoke every function with its events, and the init project's (container)
-	SAM_LOCAL_PODMAN="$(SAM_LOCAL_PODMAN)" $(VENV)/bin/python scripts/sam_local_invoke.py \
+# same for the executor and scheduler of the project `serverless-worker init` writes. On Docker
+# where it answers (as SAM documents it); else podman through the host helper beside this
+# repository (../shared/tools/sam-local-podman.sh, or SAM_LOCAL_PODMAN=PATH; SAM_LOCAL_PODMAN=
+# empty insists on Docker).
+sam-local-invoke: tools-sam-local-invoke venv sam-venv ## sam build + sam local invoke every function with its events, and the init project's (container)
+	$(call helper_env,SAM_LOCAL_PODMAN,SAM_LOCAL_PODMAN) $(VENV)/bin/python scripts/sam_local_invoke.py \
 		--sam $(SAM) --sam-python $(SAM_VENV)/bin/python
+
+# The container tools a target uses (scripts/container_tools.py): the user's Docker first, the
+# host helper beside this repository second. With neither, the target stops before installing
+# anything, with one line naming what to install. $(call helper_env,ENV,VAR): ENV="$(VAR)" when
+# VAR was given at all (empty counts: SAM_LOCAL_PODMAN= means Docker), else nothing.
+helper_env = $(if $(filter undefined,$(origin $(2))),,$(1)="$($(2))")
+helper_arg = $(if $(filter undefined,$(origin $(1))),,--helper "$($(1))")
+.PHONY: tools-sam-local-invoke tools-test-deployed
+tools-sam-local-invoke:
+	$(eval _missing := $(shell $(PYTHON) scripts/container_tools.py check sam-local-invoke $(call helper_arg,SAM_LOCAL_PODMAN) 2>&1))
+	$(if $(_missing),$(error $(_missing)))
+	@:
+tools-test-deployed:
+	$(eval _missing := $(shell $(PYTHON) scripts/container_tools.py check test-deployed $(call helper_arg,LOCALSTACK_HOST) 2>&1))
+	$(if $(_missing),$(error $(_missing)))
+	@:
 
 # checkov on template.yaml itself and on its SAM expansion: the IAM statements SAM generates
 # (policy templates, tracing, destinations) exist only in the latter. scripts/checkov adds

@@ -1,10 +1,13 @@
 """``make sam-local-invoke``: every function of the built stack, in a Lambda container, with
 every sample event in events/, checked.
 
-Steps: ``sam build``; start a container engine (podman through
-``../shared/tools/sam-local-podman.sh``, which gives ``sam local`` a Docker API and a
-python3.13 Lambda image on machines without Docker); ``sam local invoke`` each function
-with each of its events (``events/<handler dir>[-<variant>].json``); stop the engine.
+Steps: ``sam build``; the container engine ``scripts/container_tools.py`` picks: a Docker
+engine that answers, on which ``sam local invoke`` runs as SAM documents it (pulling its
+images itself), else the host helper beside this repository
+(``../shared/tools/sam-local-podman.sh``, or ``SAM_LOCAL_PODMAN``: podman behind a Docker API
+and a locally built python3.13 Lambda image, started here and stopped at the end); with
+neither, one line saying what to install, exit 2. Then ``sam local invoke`` each function
+with each of its events (``events/<handler dir>[-<variant>].json``).
 
 What is checked: the layer resolves and the handlers import inside the container (no
 ``Runtime.*`` error), and because a container cannot reach the host's loopback (nor AWS
@@ -51,8 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from container_tools import NoTools, choose  # scripts/, this script's own directory, is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PODMAN_SCRIPT = ROOT.parent / "shared" / "tools" / "sam-local-podman.sh"
 PODMAN_SOCKET = "unix:///run/podman/podman.sock"
 # The job server a developer runs on the host: the container cannot reach it.
 HOST_JOB_SERVER = "http://127.0.0.1:8081"
@@ -154,12 +158,12 @@ def build_init_project(sam: str, parent: Path, env: dict[str, str]) -> tuple[Pat
 
 
 def invoke_init_project(sam: str, project: Path, env: dict[str, str], errors: set[str],
-                        env_vars: Path) -> list[Outcome]:
+                        env_vars: Path, pull: list[str]) -> list[Outcome]:
     """The init project's functions in a container, checked as the stack's are."""
     outcomes = []
     for scenario, function, event in INIT_CASES:
         base_url = HOST_JOB_SERVER if scenario == "valid" else MISCONFIGURED_JOB_SERVER
-        cmd = [sam, "local", "invoke", function, "-e", event, "--skip-pull-image", "--parameter-overrides",
+        cmd = [sam, "local", "invoke", function, "-e", event, *pull, "--parameter-overrides",
                f"BaseUrl={base_url}", f"ApiKeySecretArn={PLACEHOLDER_SECRET}",
                f"AwsEndpointUrl={CLOSED_AWS_ENDPOINT}", "--env-vars", str(env_vars)]
         proc, seconds = run(cmd, env=env, timeout=INVOKE_TIMEOUT, cwd=project)
@@ -225,20 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sam", default=str(ROOT / ".venv-sam" / "bin" / "sam"))
     parser.add_argument("--sam-python", default=str(ROOT / ".venv-sam" / "bin" / "python"),
                         help="the SAM CLI's interpreter (the podman script builds its image with it)")
-    parser.add_argument("--podman-script",
-                        default=os.environ.get("SAM_LOCAL_PODMAN", str(DEFAULT_PODMAN_SCRIPT)),
-                        help="the podman shim; an empty value uses the Docker engine already running")
+    parser.add_argument("--podman-script", default=os.environ.get("SAM_LOCAL_PODMAN"),
+                        help="the podman host helper (SAM_LOCAL_PODMAN); empty: the Docker engine already running; "
+                             "unset: Docker where it answers, else ../shared/tools/sam-local-podman.sh")
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--skip-init-project", action="store_true",
                         help="invoke only template.yaml's functions, not those of the project `init` writes")
     args = parser.parse_args(argv)
 
-    podman = Path(args.podman_script) if args.podman_script else None
-    if podman is not None and not podman.is_file():
-        print(f"sam-local-invoke: the podman shim is not at {podman}. It comes from the shared/ checkout "
-              "beside this repository (../shared/tools/sam-local-podman.sh); set SAM_LOCAL_PODMAN=PATH, or "
-              "SAM_LOCAL_PODMAN= (empty) to use a Docker engine that is already running.", file=sys.stderr)
+    try:
+        engine = choose("sam-local-invoke", env=os.environ, helper=args.podman_script)
+    except NoTools as missing:
+        print(missing, file=sys.stderr)
         return 2
+    podman = Path(engine.path) if engine.kind == "host" else None
+    print(f"container engine: {'podman through ' + str(podman) if podman else 'Docker'}", flush=True)
     errors = project_error_names()
     pairs = functions_and_events()
     env = sam_env(PODMAN_SOCKET if podman is not None else os.environ.get("DOCKER_HOST"))
@@ -264,7 +269,9 @@ def invoke_all(args: argparse.Namespace, podman: Path | None, env: dict[str, str
                pairs: list[tuple[str, Path]], init_build: Future[tuple[Path, float]] | None, env_vars: Path,
                timings: dict[str, float], outcomes: list[Outcome]) -> int | None:
     """Build, start the engine, invoke everything into ``outcomes``; an exit status if a step
-    before the invocations failed, else None."""
+    before the invocations failed, else None. On podman the Lambda image is built locally
+    (``--skip-pull-image``); on Docker SAM pulls its own, as it documents."""
+    pull = ["--skip-pull-image"] if podman is not None else []
     if not args.skip_build:
         proc, timings["sam build"] = run([args.sam, "build"], env=env, timeout=900)
         print(f"sam build: {timings['sam build']:.1f} s", flush=True)
@@ -287,7 +294,7 @@ def invoke_all(args: argparse.Namespace, podman: Path | None, env: dict[str, str
         for scenario, base_url, cases in scenarios:
             for function, event in cases:
                 cmd = [args.sam, "local", "invoke", function, "-e", str(event.relative_to(ROOT)),
-                       "--skip-pull-image", "--parameter-overrides", f"BaseUrl={base_url}",
+                       *pull, "--parameter-overrides", f"BaseUrl={base_url}",
                        f"ApiKeySecretArn={PLACEHOLDER_SECRET}", "PollWindowSeconds=2",
                        f"AwsEndpointUrl={CLOSED_AWS_ENDPOINT}", "--env-vars", str(env_vars)]
                 proc, seconds = run(cmd, env=env, timeout=INVOKE_TIMEOUT)
@@ -304,7 +311,7 @@ def invoke_all(args: argparse.Namespace, podman: Path | None, env: dict[str, str
                 print(f"FAIL init project: {err}", file=sys.stderr)
                 outcomes.append(Outcome("init", "-", "build", 0.0, False, str(err)[:200]))
             else:
-                outcomes += invoke_init_project(os.path.abspath(args.sam), project, env, errors, env_vars)
+                outcomes += invoke_init_project(os.path.abspath(args.sam), project, env, errors, env_vars, pull)
     finally:
         if podman is not None:
             # sam rebuilds the image of a template-local layer on every invoke; drop the untagged ones.

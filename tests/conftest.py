@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,25 @@ from support.clock import SANDBOX_MODULES, SandboxClock
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 # The deployed tier needs LocalStack and a SAM build: only `make test-deployed` collects it.
 collect_ignore = [] if os.environ.get("SWTEST_DEPLOYED_TIER") == "1" else ["deployed"]
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _state_files_in_checkout() -> set[str]:
+    """The local runner's state files at the checkout's top: its default directory and any
+    SQLite file (with its lock) a ``--state`` put there."""
+    return {entry.name for entry in os.scandir(CHECKOUT)
+            if entry.name == ".serverless-worker" or ".sqlite3" in entry.name}
+
+
+@pytest.fixture(autouse=True)
+def _no_state_file_in_the_checkout() -> Iterator[None]:
+    """A test keeps a worker's state in its temporary directory, never in the checkout (where
+    it would be committed, or read by the next run). Under ``-n`` the test that wrote one may
+    be another running at the same time; either way the failure names the file."""
+    before = _state_files_in_checkout()
+    yield
+    written = _state_files_in_checkout() - before
+    assert not written, f"a state file was written into the checkout {CHECKOUT}: {sorted(written)}"
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,10 @@
 - ``payment-processor``: a validated input model and a business rejection.
 - ``sleepy``: cooperative waiting with progress; stops promptly when cancelled.
 - ``slow-report``: a long-running job split into slices with ``Continue`` checkpoints.
+
+They are also the built-in demo's handlers (``make run``): the marker below keeps
+``serverless-worker local`` from running them against any server but its own sandbox
+unless it is given ``--demo-handlers``. Your own modules carry no marker.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from serverless_worker import BusinessError, Continue, Job, handler
 __all__ = ["Nap", "Payment", "Report", "charge", "echo", "sleepy", "slow_report"]
 
 DECLINED_CARD = "4000000000000002"  # the usual "generic decline" test card number
+__serverless_worker_demo__ = True  # the built-in demo's handlers (see above)
 
 
 @handler("echo")

@@ -8,6 +8,7 @@ Every test reads the sandbox's own job history and the ledger in the emulated ta
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import Counter
@@ -83,7 +84,9 @@ def test_pipelogiq_rebootstraps_after_session_expiry(worker_env: Any, recorder: 
     _each_job_ran_once(env, recorder, 6)
 
 
-def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, recorder: Any) -> None:
+def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, recorder: Any,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="serverless_worker")
     env = worker_env("pipelogiq", handlers=["e2e.slow"], handler_module=HANDLERS_PATH)
     env.seed("e2e.slow", [{"sleep": 1.5, "n": i} for i in range(6)])
 
@@ -104,6 +107,10 @@ def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, record
     _, bootstraps = _session_fingerprint(env)
     assert bootstraps == 3  # ours, the intruder's, and exactly one recovery
     _each_job_ran_once(env, recorder, 6)
+    # and each recovered call says what happened and that nothing was lost
+    said = [r.getMessage() for r in caplog.records if "rejected the worker session" in r.getMessage()]
+    assert said and all("a new session was opened and the call made again on it: nothing was lost" in line
+                        for line in said), said
 
 
 # -- 4. an executor dies between storing and reporting ---------------------------------------------------

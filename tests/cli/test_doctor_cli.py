@@ -7,6 +7,7 @@ two-stage pipeline whose first stage is retried once, as the server's smoke scri
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.cli
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 CLI = Path(sys.executable).with_name("serverless-worker")
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "doctor-k3y-never-printed-51c2"
 SANDBOX_KEYS: dict[str, dict[str, Any]] = {
     "pipelogiq": {"api_keys": {SECRET: 12}},
@@ -68,7 +70,7 @@ def lines(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     for line in result.stdout.splitlines()[1:]:
         verdict, name, *_ = line.split()
         found[name] = line
-        assert verdict in ("ok", "FAIL", "PASS"), line
+        assert verdict in ("OK", "WARN", "FAIL"), line
     return found
 
 
@@ -82,8 +84,10 @@ def test_a_good_setup_passes_and_no_job_is_taken(tmp_path: Path, serve: Any, pro
 
     assert result.returncode == 0, result.stdout + result.stderr
     report = lines(result)
-    assert report["handlers"].split()[0] == "ok" and "greet" in report["handlers"]
-    assert report["server"].split()[0] == "ok" and "accepted" in report["server"]
+    assert report["handlers"].split()[0] == "OK" and "greet" in report["handlers"]
+    assert report["server"].split()[0] == "OK" and "accepted" in report["server"]
+    # a good setup has nothing to act on: no WARN line
+    assert not [line for line in result.stdout.splitlines() if line.split()[0] == "WARN"], result.stdout
     assert [job for job in admin.jobs() if not untaken(protocol, job)] == []
     assert SECRET not in result.stdout + result.stderr
 
@@ -104,7 +108,7 @@ def test_a_refused_credential_fails_the_server_check(tmp_path: Path, serve: Any,
     assert "HTTP 401" in server_line
     assert not re.search(r"\b[A-Z][A-Za-z]+Error\b", result.stdout + result.stderr), result.stdout
     assert len(result.stdout.splitlines()) == 1 + len(lines(result))     # the header, then a line per check
-    assert result.stderr == "serverless-worker doctor: the server check failed (above)\n"
+    assert result.stderr == "serverless-worker: error: the server check failed (above)\n"
     assert "not-the-key" not in result.stdout + result.stderr
 
 
@@ -150,7 +154,7 @@ def test_the_pipelogiq_smoke_works_two_stages_and_retries_the_first(tmp_path: Pa
     result = doctor(tmp_path, "pipelogiq", server.url, "--smoke")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert lines(result)["smoke"].startswith("  PASS  smoke")
+    assert lines(result)["smoke"].startswith("  OK    smoke       PASS: two-stage pipeline")
     smoke = [job for job in admin.jobs() if job["handler"] == "serverless-worker-smoke"]
     assert {job["stageName"]: job["status"] for job in smoke} == {"first": "Completed", "second": "Completed"}
     assert {job["stageName"]: len(job["executions"]) for job in smoke} == {"first": 2, "second": 1}
@@ -176,3 +180,33 @@ def test_without_a_server_it_is_a_usage_error(tmp_path: Path) -> None:
 
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--url" in result.stderr, result.stderr
+
+
+def test_json_prints_every_finding_with_its_level_and_nothing_else(tmp_path: Path, serve: Any) -> None:
+    # given a refused credential (one failed finding after the handlers')
+    server = serve("priostack", **SANDBOX_KEYS["priostack"])
+
+    result = doctor(tmp_path, "priostack", server.url, "--json", key="not-the-key")
+
+    # then stdout is one JSON document of the findings, in order, and the exit status is the same
+    assert result.returncode == 2, result
+    report = json.loads(result.stdout)
+    assert (report["protocol"], report["url"], report["passed"]) == ("priostack", server.url, False)
+    assert [(f["level"], f["name"]) for f in report["findings"]] == [("OK", "handlers"), ("FAIL", "server")]
+    assert "refused the credential" in report["findings"][1]["text"]
+    assert result.stderr == "serverless-worker: error: the server check failed (above)\n"
+
+
+def test_the_demo_handlers_are_a_warning_to_act_on(serve: Any) -> None:
+    # given the built-in demo's handlers (this repository's examples) checked against a server
+    server = serve("pipelogiq", **SANDBOX_KEYS["pipelogiq"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")} | {"DOCTOR_KEY": SECRET}
+
+    result = subprocess.run([str(CLI), "doctor", "--url", server.url, "--api-key-env", "DOCTOR_KEY", "--json"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+    # then the check passes, with one WARN saying `local` runs them there only when asked
+    assert result.returncode == 0, result.stdout + result.stderr
+    warned = [f for f in json.loads(result.stdout)["findings"] if f["level"] == "WARN"]
+    assert len(warned) == 1 and warned[0]["name"] == "handlers", warned
+    assert "built-in demo's handlers" in warned[0]["text"] and "--demo-handlers" in warned[0]["text"]

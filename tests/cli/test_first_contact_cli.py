@@ -200,7 +200,7 @@ def test_a_server_that_answers_only_5xx_is_retried_then_left_without_a_drain(san
     # without a summary of zeros, saying in one line that nothing got through; exit 1
     assert result.returncode == 1, result
     last = result.stderr.splitlines()[-1]
-    assert last.startswith(f"serverless-worker local: the job server at {server.url} never answered"), last
+    assert last.startswith(f"serverless-worker: error: the job server at {server.url} never answered"), last
     assert "HTTP 503" in last and "nothing was taken" in last
     assert "taken " not in result.stdout and "open_session" not in result.stdout + result.stderr
     assert time.monotonic() - started < 60

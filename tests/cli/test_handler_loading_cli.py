@@ -77,11 +77,13 @@ def test_doctor_finds_a_new_handler_file_that_imports_a_module_beside_it(project
 
     assert result.returncode == 0, result.stdout + result.stderr
     handlers_line = next(line for line in result.stdout.splitlines() if " handlers " in f" {line} ")
-    assert handlers_line.split()[0] == "ok" and "greet" in handlers_line, result.stdout
+    assert handlers_line.split()[0] == "OK" and "greet" in handlers_line, result.stdout
     assert "ModuleNotFoundError" not in result.stdout + result.stderr
-    # the module that registers nothing is named, once
-    warnings = [line for line in result.stderr.splitlines() if "registers no @handler" in line]
-    assert len(warnings) == 1 and str(project / "functions" / "handlers" / "notes.py") in warnings[0], result.stderr
+    # the module that registers nothing is named, once, as a finding to act on (not a log line)
+    warnings = [line for line in result.stdout.splitlines() if "registers no @handler" in line]
+    assert len(warnings) == 1 and warnings[0].split()[:2] == ["WARN", "handlers"], result.stdout
+    assert str(project / "functions" / "handlers" / "notes.py") in warnings[0], result.stdout
+    assert result.stderr == "", result.stderr
 
 
 def test_local_runs_that_handler_to_its_result(project: Path, serve: Any) -> None:

@@ -103,11 +103,14 @@ def test_a_wheel_of_another_version_is_refused_and_nothing_is_written(tmp_path: 
     assert not (tmp_path / "app").exists()
 
 
-def readme_install_and_test(readme: str) -> str:
-    """The README's command line that installs the requirements and runs the tests."""
-    lines = [line.split("  #")[0].strip() for line in readme.splitlines() if "pip install -r requirements.txt" in line]
-    assert len(lines) == 1 and "python -m pytest" in lines[0], lines
-    return lines[0]
+def readme_first_commands(readme: str) -> list[str]:
+    """The README's first command block, each command without its comment, less the first
+    line (it creates and activates the virtual environment the test makes itself)."""
+    block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)
+    assert block, readme[:2000]
+    commands = [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    assert "-m venv" in commands[0] and "activate" in commands[0], commands
+    return commands[1:]
 
 
 def fresh_venv(where: Path) -> Path:
@@ -144,13 +147,23 @@ def test_a_fresh_venv_with_the_wheel_inits_a_project_whose_readme_commands_pass(
         assert sorted(packed.namelist()) == sorted(built.namelist())
         assert packed.testzip() is None
 
-    # then the README's install-and-test command passes in another fresh virtual environment
+    # then the README's first commands pass in another fresh virtual environment, outside this
+    # repository: the install, `serverless-worker local` with no arguments (its sandbox seeded
+    # with the scaffold's own sample job, which it completes, its result shown), the tests
     project_venv = fresh_venv(tmp_path / "project-venv")
-    command = readme_install_and_test((app / "README.md").read_text())
-    run = subprocess.run(["bash", "-c", command], cwd=app, env=in_venv(project_venv), capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert re.search(r"\b3 passed\b", run.stdout), run.stdout[-2000:]
+    commands = readme_first_commands((app / "README.md").read_text())
+    assert commands[:2] == ["python -m pip install -r requirements.txt", "serverless-worker local"], commands
+    outputs = []
+    for command in commands:
+        run = subprocess.run(["bash", "-c", command], cwd=app, env=in_venv(project_venv), capture_output=True,
+                             text=True, timeout=900)
+        assert run.returncode == 0, command + "\n" + run.stdout[-3000:] + run.stderr[-3000:]
+        outputs.append(run.stdout)
+    worked = outputs[1]
+    assert "1 sample job from events/greet.json" in worked, worked
+    assert re.search(r"^\s*done\s+1\b", worked, re.MULTILINE), worked
+    assert '{"greeting": "Hello, Ada!"}' in worked, worked
+    assert re.search(r"\b3 passed\b", outputs[-1]), outputs[-1][-2000:]
     # and serverless-worker there is the vendored wheel, with its command
     shown = subprocess.run([str(project_venv / "python"), "-m", "pip", "show", "-f", "serverless-worker"],
                            env=in_venv(project_venv), capture_output=True, text=True, timeout=60)

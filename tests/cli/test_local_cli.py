@@ -9,6 +9,7 @@ never reach the output.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -172,6 +173,23 @@ def test_stats_adds_the_http_call_and_state_store_tables() -> None:
     assert "HTTP calls per job, by endpoint" in out
     assert re.search(r"^\s*total\s+\d+\s+\d+\.\d\d\s+\d+", out, re.MULTILINE)  # client, per job, sandbox
     assert re.search(r"state store \(SQLite file\): \d+\.\d reads and \d+\.\d writes per job", out)
+
+
+def test_json_prints_the_summary_alone_on_stdout() -> None:
+    # given the demo, asked for its summary as JSON
+    result = local("--protocol", "priostack", "--json")
+
+    # then stdout is one JSON document: the counts, each failure's code and whole message,
+    # each result, the exit status; the banner and the status lines went to stderr
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["taken"], summary["done"], summary["failed_total"]) == (7, 5, 2)
+    assert (summary["exit_status"], summary["verdict"], summary["definite"]) == (0, None, True)
+    declined = next(job for job in summary["failed_jobs"] if job["code"] == "CARD_DECLINED")
+    assert declined["message"] == "the card was declined" and declined["deliberate"]
+    assert {"job_id", "handler", "result"} <= set(summary["done_jobs"][0])
+    assert summary["latency_seconds"]["created_to_result_reported"]["n"] == 7
+    assert "priostack sandbox (built in)" in result.stderr
 
 
 def test_a_log_level_given_rules_job_lines_too(tmp_path: Path) -> None:

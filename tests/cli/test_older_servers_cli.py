@@ -163,7 +163,7 @@ def test_doctor_names_an_older_pipelogiq_server_one_line_per_finding(sandbox: Ca
     # then the key is accepted, and each missing part of the 0.5.0 protocol is its own failed
     # line; exit 2, as local's for the same server
     assert result.returncode == 2, result
-    assert report["server"].split()[0] == "ok"
+    assert report["server"].split()[0] == "OK"
     assert report["lease"].split()[0] == "FAIL" and "answered 404" in report["lease"], report
     assert "no lease API" in report["lease"]
     assert report["long-poll"].split()[0] == "FAIL" and "ignores waitSeconds" in report["long-poll"], report
@@ -179,8 +179,8 @@ def test_doctor_finds_the_lease_api_and_the_long_poll_on_a_current_server(sandbo
     result, report = doctor(server.url, tmp_path)
 
     assert result.returncode == 0, result
-    assert report["lease"].split()[0] == "ok" and "answered 400" in report["lease"], report
-    assert report["long-poll"].split()[0] == "ok", report
+    assert report["lease"].split()[0] == "OK" and "answered 400" in report["lease"], report
+    assert report["long-poll"].split()[0] == "OK", report
 
 
 def test_an_older_server_whose_jobs_arrive_after_empty_pulls_still_ends_the_run_with_exit_2(
@@ -208,7 +208,7 @@ def test_an_older_server_whose_jobs_arrive_after_empty_pulls_still_ends_the_run_
     # then the run drains and ends with exit 2 and the line naming what the server lacks
     assert proc.returncode == 2, stdout + stderr
     said = " ".join(stdout.split())  # the console wraps long lines
-    assert f"serverless-worker local: the job server cannot be worked: {LEGACY_LINE}" in said, stdout + stderr
+    assert f"serverless-worker: error: the job server cannot be worked: {LEGACY_LINE}" in said, stdout + stderr
     # and the jobs are queued on the server again, never acknowledged away
     for job in admin.jobs():
         events = [h["event"] for h in job["history"]]

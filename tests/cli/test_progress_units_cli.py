@@ -74,3 +74,61 @@ def test_the_status_line_and_the_summary_count_jobs_not_deliveries(tmp_path: Pat
     assert tuple(map(int, lines[-1])) == (4, 0, 4, 0, 0), lines
     # and no status line ever counted more jobs than there are
     assert max(int(line[0]) for line in lines) == 4
+
+
+# Reports progress, then waits until the test lets it finish (a file appears).
+GATED = '''
+import os
+import time
+
+from serverless_worker import handler
+
+
+@handler("gated")
+def gated(job):
+    job.progress({"step": 1, "of": 2})
+    while not os.path.exists(os.environ["GATE"]):
+        if job.wait(0.05):
+            job.raise_if_cancelled()
+    job.progress({"step": 2, "of": 2})
+    return {"ok": True}
+'''
+
+
+def test_piped_output_shows_jobs_running_and_their_progress_while_they_run(tmp_path: Path) -> None:
+    # given two jobs whose handler reports progress and then waits for the test's word
+    server = SandboxServer(create_sandbox("claimqueue", tokens=[KEY])).start()
+    admin = SandboxAdmin(server.url)
+    handlers = tmp_path / "gated_handlers.py"
+    handlers.write_text(GATED)
+    gate = tmp_path / "gate"
+    admin.seed({"queue": "gated", "items": [{"n": 1}, {"n": 2}]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SW_")} | {"TEST_KEY": KEY, "GATE": str(gate)}
+    worker = subprocess.Popen(
+        [str(CLI), "local", "--protocol", "claimqueue", "--url", server.url, "--api-key-env", "TEST_KEY",
+         "--handler-module", str(handlers), "--until-idle", "1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    try:
+        # when its output (not a terminal) is read while both jobs are still running
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            seen.append(line.rstrip("\n"))
+            running = any("running=2 " in said for said in seen)
+            progressed = sum('progress {"step":1,"of":2}' in said for said in seen)
+            if running and progressed == 2:
+                break
+        # then a plain status line counted them running, and each job's progress was logged
+        # with its job id and handler
+        assert any(re.search(r"^working: jobs taken=2 running=2 done=0 ", said) for said in seen), seen
+        assert all(re.search(r"job \S+ gated: progress ", said) for said in seen if "progress {" in said), seen
+        gate.write_text("go")
+        rest, _ = worker.communicate(timeout=120)
+    finally:
+        worker.kill()
+        admin.close()
+        server.stop()
+    out = "\n".join(seen) + rest
+    assert worker.returncode == 0, out
+    assert out.count('progress {"step":2,"of":2}') == 2, out
+    assert re.search(r"^\w+: jobs taken=2 running=0 done=2 ", out, re.MULTILINE), out

@@ -1,11 +1,13 @@
 """Deployed tier: `sam build` + a plain `sam deploy` of template.yaml into LocalStack, one
 stack per protocol, each against its sandbox on loopback, driven by its own schedule.
 
-Only `make test-deployed` collects this directory (tests/conftest.py). LocalStack comes
-from ``AWS_ENDPOINT_URL`` when it is set (LocalStack's container, say), else from the
-shared host script (../shared/tools/localstack-host.sh, or ``SWTEST_LOCALSTACK_HOST``),
-started here and stopped at the end. Lambda containers use the host's network, so the
-functions reach the sandboxes at 127.0.0.1.
+Only `make test-deployed` collects this directory (tests/conftest.py). LocalStack is the one
+``scripts/container_tools.py`` picks: ``AWS_ENDPOINT_URL`` when it is set (a LocalStack already
+running); else, where a Docker engine answers, LocalStack's own CLI (``localstack start``,
+``wait``, ``stop``, with host networking for its Lambda containers); else the host helper
+beside this repository (../shared/tools/localstack-host.sh, or ``SWTEST_LOCALSTACK_HOST``);
+either of the last two started here and stopped at the end. Lambda containers use the host's
+network, so the functions reach the sandboxes at 127.0.0.1.
 
 The session fixture seeds the short-path jobs before the deploy, so the first scheduled
 tick finds them; the tests then run in file order against the same three stacks. Beside
@@ -118,22 +120,68 @@ class Tier:
                 f"deploy {init.stack.deploy_seconds if init.env else 0:.0f} s (beside the main stacks){extra}")
 
 
-def _localstack_script() -> Path:
-    return Path(os.environ.get("SWTEST_LOCALSTACK_HOST") or ROOT.parent / "shared" / "tools" / "localstack-host.sh")
+def _container_tools() -> Any:
+    """scripts/container_tools.py (the Makefile's choice of tools), loaded from its file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("container_tools", ROOT / "scripts" / "container_tools.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["container_tools"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+LOCALSTACK_CLI_ENDPOINT = "http://127.0.0.1:4566"
+# What the host helper is given too: short async retry delays (the dead-letter check waits for
+# LocalStack's second retry), Lambda containers on the host's network (they call the sandboxes).
+LOCALSTACK_ENV = {"LAMBDA_RETRY_BASE_DELAY": "5", "LAMBDA_DOCKER_NETWORK": "host"}
+
+
+def _answers(endpoint: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"{endpoint}/_localstack/health", timeout=5).ok
+    except requests.RequestException:
+        return False
+
+
+def _with_localstack_cli(cli: str) -> Iterator[str]:
+    """LocalStack in Docker through its own CLI, started (and stopped) here unless it runs already."""
+    already = _answers(LOCALSTACK_CLI_ENDPOINT)
+    if not already:
+        flags = [flag for name, value in LOCALSTACK_ENV.items() for flag in ("-e", f"{name}={value}")]
+        subprocess.run([cli, "start", "-d", "--network", "host", *flags], check=True, timeout=1200)
+        subprocess.run([cli, "wait", "-t", "600"], check=True, timeout=660)
+    os.environ["AWS_ENDPOINT_URL"] = LOCALSTACK_CLI_ENDPOINT
+    try:
+        yield LOCALSTACK_CLI_ENDPOINT
+    finally:
+        if not already:
+            subprocess.run([cli, "stop"], check=False, timeout=300)
 
 
 @pytest.fixture(scope="session")
 def localstack() -> Iterator[str]:
-    """The endpoint: AWS_ENDPOINT_URL as given, or the host script's LocalStack (started
-    here, with short async retry delays, and stopped at the end if this run started it)."""
-    given = os.environ.get("AWS_ENDPOINT_URL")
+    """The endpoint: AWS_ENDPOINT_URL as given, or LocalStack through its CLI (on Docker) or
+    the host script (started here, with short async retry delays, and stopped at the end if
+    this run started it)."""
+    tools = _container_tools()
+    try:
+        choice = tools.choose("test-deployed", env=os.environ, helper=os.environ.get("SWTEST_LOCALSTACK_HOST"))
+    except tools.NoTools as missing:
+        pytest.exit(str(missing), returncode=2)
     for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
                        ("AWS_DEFAULT_REGION", REGION)):
         os.environ.setdefault(key, value)
-    if given:
-        yield given
+    if choice.kind == "endpoint":
+        yield choice.url
         return
-    script = _localstack_script()
+    if choice.kind == "docker":
+        yield from _with_localstack_cli(choice.path)
+        return
+    script = Path(choice.path)
     already = subprocess.run(["bash", str(script), "status"], capture_output=True, check=False).returncode == 0
     if not already:
         # LocalStack retries a failed async event after 1x and 2x this many seconds (AWS: about

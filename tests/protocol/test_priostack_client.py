@@ -264,6 +264,19 @@ def test_bad_input_fails_with_zero_retries_and_raises_an_incident(env) -> None:
     assert client.get_process_instance(delivery.wire["processInstanceKey"]).state == "INCIDENT"
 
 
+def test_an_exception_failure_names_its_type_once(env) -> None:
+    # given a failure as the handler runner stores an exception: code the type, message "Type: text"
+    e = env()
+    [key] = e.admin.seed({"jobs": [{"type": "t", "retries": 1}]})
+    client = e.client()
+
+    # when it is reported
+    client.report(pull_one(client), outcome(OutcomeKind.FAILURE, error_code="ValueError", message="ValueError: boom"))
+
+    # then the server's errorMessage says the type once
+    assert e.job(key)["calls"][-1]["body"]["errorMessage"] == "ValueError: boom"
+
+
 @pytest.mark.parametrize("kind", [OutcomeKind.FAILURE, OutcomeKind.TIMEOUT])
 def test_failure_and_timeout_use_one_attempt(env, kind: OutcomeKind) -> None:
     e = env()

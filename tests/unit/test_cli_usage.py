@@ -11,7 +11,7 @@ import os
 import pytest
 
 from serverless_worker.cli import build_parser
-from serverless_worker.cli.local_command import build_settings
+from serverless_worker.cli._resolve import build_settings
 from serverless_worker.errors import ConfigurationError
 
 
@@ -31,27 +31,28 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_a_misspelt_protocol_is_one_line_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(["local", "--protocol", "pipelogic"], capsys)
 
-    assert err == ("serverless-worker local: --protocol 'pipelogic' is not one of pipelogiq, priostack, "
-                   "claimqueue (did you mean 'pipelogiq'?)\n")
+    assert err == ("serverless-worker: error: --protocol 'pipelogic' is not one of pipelogiq, priostack, "
+                   "claimqueue (did you mean 'pipelogiq'?) (serverless-worker local --help)\n")
 
 
 def test_a_choice_like_none_of_them_gets_no_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(["local", "--transport", "carrier-pigeon"], capsys)
 
-    assert err == "serverless-worker local: --transport 'carrier-pigeon' is not one of http, socket\n"
+    assert err == ("serverless-worker: error: --transport 'carrier-pigeon' is not one of http, socket "
+                   "(serverless-worker local --help)\n")
 
 
 def test_other_usage_errors_are_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(["local", "--batch-size"], capsys)
 
     assert err.count("\n") == 1 and "usage:" not in err
-    assert err.startswith("serverless-worker local: argument --batch-size: expected one argument")
+    assert err.startswith("serverless-worker: error: argument --batch-size: expected one argument")
 
 
 def test_a_valid_choice_still_parses() -> None:
     args = build_parser().parse_args(["local", "--protocol", "claimqueue"])
 
-    settings, _ = build_settings(args)
+    settings = build_settings(args).settings
 
     assert settings.protocol == "claimqueue"
 
@@ -61,7 +62,7 @@ def test_queue_and_handlers_naming_the_same_handler_are_accepted(handlers: list[
     args = build_parser().parse_args(["local", "--protocol", "claimqueue", "--queue", "resize",
                                       "--criteria", '{"format": "jpg"}', "--handlers", *handlers])
 
-    settings, _ = build_settings(args)
+    settings = build_settings(args).settings
 
     assert settings.handlers == ["resize"]
     assert settings.criteria == {"resize": {"format": "jpg"}}

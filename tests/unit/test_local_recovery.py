@@ -79,6 +79,7 @@ def test_recovery_runs_what_never_started_and_strands_the_rest(tmp_path: Path, s
     assert dispatcher.executions == ([long_recorded] if state_machine else [])
     to_reap = {running, stored} | (set() if state_machine else {long_recorded})
     assert (report.dispatched, report.stranded) == (1 + state_machine, len(to_reap))
+    assert (report.vanished, report.unstarted) == (1, 0 if state_machine else 1)
     # and everything a run may have touched is stranded now, for the reaper to settle unrun
     stranded = {item.key: item for item in store.stranded("priostack", INSTANCE, NOW)}
     assert set(stranded) == to_reap
@@ -95,3 +96,19 @@ def test_a_clean_state_file_recovers_nothing(tmp_path: Path) -> None:
     dispatcher = RecordingDispatcher()
     report = recover(_services(tmp_path, dispatcher))
     assert report.total == 0 and not dispatcher.invoked and not dispatcher.executions
+
+
+def test_the_recovery_note_says_what_became_of_each_and_what_was_lost() -> None:
+    from serverless_worker.local.recovery import RecoveryReport, recovery_note
+
+    nothing_lost = recovery_note(RecoveryReport(dispatched=2, stranded=1))
+    assert nothing_lost == ("recovered 3 deliveries an earlier run left in flight: 2 never started (run now); "
+                            "1 already ran (their stored outcome is reported, not run again); nothing was lost")
+    # a long-running delivery that never started, with no state machine this run, is handed back
+    handed_back = recovery_note(RecoveryReport(dispatched=1, stranded=2, unstarted=1))
+    assert handed_back == ("recovered 3 deliveries an earlier run left in flight: 1 never started (run now); "
+                           "1 never started and not run this time (handed back to the server unstarted); 1 already "
+                           "ran (their stored outcome is reported, not run again); nothing was lost"), handed_back
+    killed = recovery_note(RecoveryReport(stranded=1, vanished=1))
+    assert killed.endswith("1 running when it was killed (reported as timed out, so the server may retry them); "
+                           "only the unstored work of the 1 killed run is lost"), killed

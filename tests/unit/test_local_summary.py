@@ -71,19 +71,21 @@ def test_failed_jobs_are_listed_with_code_and_message_and_the_deliberate_ones_sa
                   code="CARD_DECLINED", message="the card was declined"),
         JobRecord(ledger_id="b:1", job_id="b", handler="pay", status=LedgerStatus.ACKNOWLEDGED,
                   outcome=OutcomeKind.FAILURE, created_at=None, pulled_at=101.0, reported_at=101.5,
-                  code="KeyError", message="x" * 300),
+                  code="ValueError", message="ValueError: " + "x" * 300 + "\nsecond line"),
         record("c", 1, created=None, pulled=102.0, reported=102.5),
     ]
     summary = summarize(records, protocol="priostack", seconds=1.0, handler_starts={}, handler_runs=3,
                         executor_errors=0, admin_created=None, client_calls={"pull": 3}, server_calls=None,
                         store_ops={"read": 3, "write": 9}, deliberate={"a": "on purpose"})
-    console = Console(width=400, record=True, file=io.StringIO())
-    console.print(render_summary(summary))
+    console = Console(width=140, record=True, file=io.StringIO())
+    console.print(render_summary(summary), soft_wrap=True)
     out = console.export_text()
 
     assert "failed (2): job id, handler, code: message" in out
     assert "a  pay  CARD_DECLINED: the card was declined  [on purpose]" in out
-    assert "b  pay  KeyError: " + "x" * 97 + "..." in out        # clipped; the server has all of it
+    # the whole message, on one line however narrow the console, its type said once
+    assert "\n  b  pay  ValueError: " + "x" * 300 + "\n      second line\n" in out
+    assert "ValueError: ValueError" not in out
     assert "1 on purpose (the demo's), listed below" in out
     assert "  c  " not in out                                      # a success is not listed
     # without stats, no benchmark tables; with them, both

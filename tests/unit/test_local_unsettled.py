@@ -40,7 +40,8 @@ def rendered(summary: RunSummary) -> str:
 def verdict(summary: RunSummary) -> tuple[int, str]:
     out = io.StringIO()
     runner = LocalRunner(settings=None, own_sandbox=True, console=Console(file=out, width=200), live=False)
-    return runner._exit_status(summary, forced=False), out.getvalue()
+    status, said = runner._verdict(summary, forced=False)
+    return status, said or ""
 
 
 def test_every_delivery_settled_is_definite_and_exits_0() -> None:

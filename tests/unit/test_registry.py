@@ -371,6 +371,23 @@ def test_loading_twice_does_not_rerun_the_module_and_re_registers_after_clear(tm
     assert default_registry.names() == ["twice"]
 
 
+def test_two_files_registering_one_name_are_named_by_file_and_line_not_by_module(tmp_path: Path) -> None:
+    # given two handler files that both register "dup"
+    first = _write(tmp_path / "dup.py", HANDLER_FILE.format(name="dup"))
+    second = _write(tmp_path / "dup_again.py", HANDLER_FILE.format(name="dup"))
+    mine = HandlerRegistry()
+    load_handlers(first, registry=mine)
+
+    # when the second is loaded into the same registry
+    with pytest.raises(ConfigurationError, match="already registered") as caught:
+        load_handlers(second, registry=mine)
+
+    # then the message names each file and line, never the private module they load under
+    message = str(caught.value)
+    assert "_sw_handlers" not in message, message
+    assert f"{first}:" in message and f"{second}:" in message and "double" in message, message
+
+
 def test_load_into_a_given_registry(tmp_path: Path) -> None:
     path = _write(tmp_path / "given.py", HANDLER_FILE.format(name="given"))
     mine = HandlerRegistry()

@@ -105,7 +105,7 @@ def test_a_failure_uses_one_retry_on_priostack() -> None:
     run = HandlerEnvironment(retries_left=3).run(boom)
 
     assert run.outcome is not None and run.outcome.error_code == "RuntimeError"
-    expected = {"retries": 2, "errorMessage": "RuntimeError: RuntimeError: disk full"}
+    expected = {"retries": 2, "errorMessage": "RuntimeError: disk full"}  # the type once
     assert run.wire("priostack") == WireCall("priostack", "fail", expected)
     assert run.wire("claimqueue").body == {"error": "RuntimeError: disk full", "errorCode": "RuntimeError"}
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "ERROR_PREFIX",
     "AuthenticationError",
     "BadInputError",
     "BadRequestError",
@@ -38,6 +39,10 @@ __all__ = [
     "UnknownHandlerError",
     "UnsupportedServerError",
 ]
+
+
+# How every error line of the command starts, whichever subcommand says it (one voice).
+ERROR_PREFIX = "serverless-worker: error: "
 
 
 class ServerlessWorkerError(Exception):

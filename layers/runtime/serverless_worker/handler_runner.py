@@ -322,7 +322,8 @@ def cancelled_outcome(spec: HandlerSpec, job: Job[Any], reason: CancelReason, bu
         message = f"handler {spec.name!r} was cancelled: {reason}"
     if not stopped:
         message += f"; it did not stop within {grace:.3g}s and its thread was abandoned"
-        log.warning("handler %s ignored cancellation (%s) for %.3gs; abandoning its thread", spec.name,
+        log.warning("handler %s ignored cancellation (%s) for %.3gs; abandoning its thread (what it returns "
+                    "later is dropped and lost: the job gets the cancellation's outcome)", spec.name,
                     reason, grace, extra=job.log_context)
     else:
         log.warning("handler %s cancelled: %s", spec.name, reason, extra=job.log_context)

@@ -372,7 +372,7 @@ def _import_path(path: Path) -> ModuleType:
         raise ConfigurationError(f"handler module path {str(path)!r} does not exist")
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:10]
     stem = re.sub(r"\W", "_", resolved.stem if search is None else resolved.name)
-    name = f"_sw_handlers_{stem}_{digest}"
+    name = f"{_FILE_MODULE_PREFIX}{stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, location, submodule_search_locations=search)
@@ -412,5 +412,19 @@ def _same_source(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
             and code_a.co_filename == code_b.co_filename and code_a.co_firstlineno == code_b.co_firstlineno)
 
 
+# The private module name a handler file is loaded under (``_import_path``): never shown.
+_FILE_MODULE_PREFIX = "_sw_handlers_"
+
+
 def _qualname(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    """``greetings.py:12 greet`` for a handler loaded from a file (its module name is private,
+    ``_import_path``'s), ``package.module.greet`` for one imported by name."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None) or "?"
+    code = getattr(fn, "__code__", None)
+    if not module.startswith(_FILE_MODULE_PREFIX) or code is None:
+        return f"{module}.{name}"
+    source = Path(code.co_filename)
+    with contextlib.suppress(ValueError):
+        source = source.relative_to(Path.cwd())
+    return f"{source}:{code.co_firstlineno} {name}"

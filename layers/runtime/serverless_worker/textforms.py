@@ -8,7 +8,23 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-__all__ = ["rfc3339", "truncate_utf8"]
+__all__ = ["clipped_line", "coded_message", "rfc3339", "truncate_utf8"]
+
+
+def coded_message(code: str | None, message: str | None, default: str = "") -> str:
+    """``"CODE: message"``, the code once: a failure's message already starts with its type
+    (``ValueError: boom``, the handler runner's), and saying it twice helps nobody."""
+    text = message or default
+    if not code or text == code or text.startswith(f"{code}: "):
+        return text
+    return f"{code}: {text}" if text else code
+
+
+def clipped_line(text: str, most: int) -> str:
+    """``text`` on one line (runs of whitespace, newlines too, as one space), cut to ``most``
+    characters with ``...``: for a list line; a full view shows the whole text."""
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= most else one_line[:most - 3] + "..."
 
 
 def rfc3339(epoch: float) -> str:

@@ -122,7 +122,18 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: frozenset[str] | N
             kwargs.update(metavar="JSON")
         else:
             kwargs.update(metavar=_METAVARS.get(name, "VALUE"))
-        group.add_argument(*options, **kwargs)
+        action = group.add_argument(*options, **kwargs)
+        if choices:
+            # Tab completion (argcomplete) offers an action's ``completer``'s words: the choices
+            # are checked by ``one_of`` (for its message), so argparse's ``choices`` is unset.
+            setattr(action, "completer", _choices_completer(choices))  # noqa: B010 (argcomplete's attribute)
+
+
+def _choices_completer(choices: list[str]) -> Any:
+    def complete(prefix: str, **_: Any) -> list[str]:
+        return [choice for choice in choices if choice.startswith(prefix)]
+
+    return complete
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:

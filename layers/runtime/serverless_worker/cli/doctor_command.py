@@ -2,10 +2,11 @@
 
 The server settings of ``serverless-worker local`` and only those (``DOCTOR_SETTINGS``; a
 deployed stack's ``SW_*`` environment works too); ``--smoke`` adds an end-to-end Pipelogiq
-pipeline. One line per check, worded as ``local`` words the same problem. The exit status
-is ``local``'s: 0 when every check passed, 2 when the setup is refused (a bad setting, the
-handler module, the credential, the server, its release), 1 when the smoke pipeline did
-not complete. The checks themselves are in ``serverless_worker.local.doctor``.
+pipeline. One line per finding, ``OK``, ``WARN`` (act on it) or ``FAIL``, worded as ``local``
+words the same problem; ``--json`` prints the findings as one JSON document instead. The
+exit status is ``local``'s: 0 when no check failed, 2 when the setup is refused (a bad
+setting, the handler module, the credential, the server, its release), 1 when the smoke
+pipeline did not complete. The checks themselves are in ``serverless_worker.local.doctor``.
 
 Example::
 
@@ -46,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="stage handler name of the smoke pipeline (default serverless-worker-smoke)")
     parser.add_argument("--smoke-timeout", metavar="SECONDS", type=float, default=60.0,
                         help="how long the smoke pipeline may take (default 60)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the findings as JSON ({protocol, url, passed, findings: [{level, name, "
+                             "text}]}) instead of lines")
     add_worker_flags(parser)
     add_settings_flags(parser, only=DOCTOR_SETTINGS)
     parser.set_defaults(handler=run)
@@ -53,21 +57,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from ..credentials import resolve_api_key
-    from ..errors import ConfigurationError
-    from ..local.doctor import SMOKE_HANDLER, Doctor
+    from ..errors import ERROR_PREFIX, ConfigurationError
+    from ..local.doctor import SMOKE_HANDLER, Doctor, LoggedWarnings
     from ..local.project import find_project_root
     from ..protocols.base import WorkerProtocol
     from ..protocols.factory import create_client
     from ..protocols.transport import RetryPolicy
     from ..settings import Settings
-    from .local_command import build_settings
+    from ._resolve import build_settings
 
-    # The check line says what failed; the retry library's own warning would only repeat it.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # What the runtime warns of while checking becomes a WARN finding, not a log line; the
+    # check line says what failed, so the retry library's own warnings would only repeat it.
+    logged = LoggedWarnings()
+    root = logging.getLogger()
+    root.handlers[:] = [logged]
+    root.setLevel(logging.WARNING)
     logging.getLogger("stamina").setLevel(logging.ERROR)
     check_retry = RetryPolicy(attempts=CHECK_RETRY_ATTEMPTS, timeout=CHECK_RETRY_SECONDS)
-    settings, own_sandbox = build_settings(args)
-    if own_sandbox:
+    setup = build_settings(args)
+    settings = setup.settings
+    if setup.own_sandbox:
         raise ConfigurationError("doctor checks a job server: give --url URL (or SW_BASE_URL) and its credential")
     if args.smoke and settings.protocol != "pipelogiq":
         raise ConfigurationError(f"--smoke works a Pipelogiq pipeline; a {settings.protocol} server has none "
@@ -79,12 +88,16 @@ def run(args: argparse.Namespace) -> int:
 
     doctor = Doctor(settings, find_project_root(), client_for,
                     smoke=args.smoke, smoke_handler=args.smoke_handler or SMOKE_HANDLER,
-                    smoke_timeout=args.smoke_timeout)
-    print(f"serverless-worker doctor · {settings.protocol} · {settings.base_url}", flush=True)
-    for check in doctor.run():
-        print(f"  {check.verdict:<4}  {check.name:<10}  {check.detail}", flush=True)
+                    smoke_timeout=args.smoke_timeout, logged=logged)
+    if not args.json:
+        print(f"serverless-worker doctor · {settings.protocol} · {settings.base_url}", flush=True)
+    for finding in doctor.run():
+        if not args.json:
+            print(f"  {finding.level:<4}  {finding.name:<10}  {finding.text}", flush=True)
+    if args.json:
+        print(doctor.report().model_dump_json(indent=2))
     if not doctor.passed:
-        failed = next(check for check in doctor.checks if not check.passed)
-        print(f"serverless-worker doctor: the {failed.name} check failed (above)", file=sys.stderr)
+        failed = next(finding for finding in doctor.findings if not finding.passed)
+        print(f"{ERROR_PREFIX}the {failed.name} check failed (above)", file=sys.stderr)
         return EXIT_SMOKE_FAILED if failed.name == "smoke" else EXIT_REFUSED
     return 0

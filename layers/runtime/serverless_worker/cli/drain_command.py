@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Run the drain (or resume) and print its report as JSON."""
+    from ..errors import ERROR_PREFIX
     from ..runtime.context import LocalContext
     from ..runtime.entry import drain_worker
     from ._flags import env_name, settings_from_args
@@ -73,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(report, indent=2, default=str), flush=True)
     still_running = int(report.get("still_running", 0) or 0)
     if still_running:
-        print(f"serverless-worker drain: {still_running} deliveries were still running when the grace "
-              "period ended; they finish or are reaped later", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{still_running} deliveries were still running when the grace period ended; "
+              "nothing is lost: each finishes or is reaped later (handed back to the server)", file=sys.stderr)
         return 1
     return 0
 

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     target = Path(args.directory)
     written = write_project(target, from_pypi=args.from_pypi, wheel=args.wheel, say=print)
     print(f"wrote {len(written)} files to {target}; next: cd {target} && python -m pip install -r requirements.txt "
-          "&& python -m pytest (see its README.md)")
+          "&& serverless-worker local (see its README.md)")
     return 0
 
 

@@ -1,8 +1,11 @@
 """``serverless-worker local``: run the worker on this machine, with the Lambda stack's code.
 
-Without ``--url`` (or ``SW_BASE_URL``) it is the demo: a built-in sandbox seeded with
-jobs for the example handlers, worked until idle. With ``--url`` it is a worker for a
-real server, for development or a plain VM, until Ctrl-C (or ``--until-idle``). Every
+Without ``--url`` (or ``SW_BASE_URL``) it works a built-in sandbox until idle, seeded with
+jobs for the handlers it runs: in this repository the demo's, in a project its own
+handlers' sample jobs (``events/<handler>.json``). With ``--url`` it is a worker for a real
+server, for development or a plain VM, until Ctrl-C (or ``--until-idle``); the handlers are
+the user's (``--handler-module`` or the project's template.yaml, ``cli/_resolve.py``), and
+the demo's only with ``--demo-handlers``. ``--json`` prints the summary as JSON on stdout. Every
 setting is a flag named after its ``SW_*`` variable (``serverless-worker config``), read
 and validated by the one settings model before anything starts; a bad one exits 2 with
 a message naming it.
@@ -16,23 +19,15 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import re
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigurationError
-from ..local.defaults import DEMO_DEFAULTS, LOCAL_DEFAULTS
-from ..local.settings import LocalSettings
-from ._flags import add_settings_flags, add_worker_flags, env_name, flag_names, settings_from_args
+from ._flags import add_settings_flags, add_worker_flags, env_name
+from ._resolve import build_settings
 
-__all__ = ["build_settings", "register", "run"]
-
-# Until our own sandbox listens (on a port the OS picks), the settings need some URL.
-_PLACEHOLDER_URL = "http://127.0.0.1:1"
+__all__ = ["register", "run"]
 # Loggers that would print request bodies (delivery tokens in ledger items) at DEBUG.
 # The logger job.log writes to (serverless_worker/job.py's ``log``).
 JOB_LOGGER = "serverless_worker.job"
@@ -40,7 +35,8 @@ _WIRE_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer", "websockets", "uv
 
 _EPILOG = """\
 examples:
-  serverless-worker local                                  the demo: built-in Pipelogiq sandbox
+  serverless-worker local                                  a built-in Pipelogiq sandbox: the demo here, a
+                                                           project's own handlers in its directory
   serverless-worker local --protocol claimqueue --transport socket
   MY_KEY=... serverless-worker local --url https://jobs.example.com --api-key-env MY_KEY \\
       --handler-module my_handlers.py --handlers resize --concurrency 8
@@ -59,12 +55,19 @@ was stored runs again.
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``local`` subcommand."""
     parser = subparsers.add_parser(
-        "local", help="run the worker here: the demo, or a worker for a real server (--url)",
+        "local", help="run the worker here: on a built-in sandbox, or as a worker for a real server (--url)",
         description="Run the scheduler, executors and state-machine steps of the Lambda stack in this "
                     "process, with the state in a SQLite file (--state; a restart on the same file settles "
                     "what a killed run left) and, for long-running handlers only, Step Functions embedded "
-                    "(moto). Without --url it works demo jobs on a built-in sandbox until idle.",
+                    "(moto). Without --url it works a built-in sandbox until idle, seeded with the demo's jobs "
+                    "or the project's sample jobs (events/<handler>.json).",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--demo-handlers", action="store_true",
+                        help="let the built-in demo's handlers (this repository's examples) run against the "
+                             "server --url names; without it they run only against the built-in sandbox")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON document on stdout (counts, failed jobs with code and "
+                             "message, results, latencies, exit_status and verdict); everything else goes to stderr")
     parser.add_argument("--stats", action="store_true",
                         help="end the summary with the HTTP calls per job by endpoint and the state file's "
                              "reads and writes per job (for benchmarks and tuning)")
@@ -74,114 +77,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    settings, own_sandbox = build_settings(args)
+    setup = build_settings(args)
+    settings, own_sandbox = setup.settings, setup.own_sandbox
     from rich.console import Console
 
     from ..local.worker import EXIT_FORCED, LocalRunner
 
-    live = sys.stdout.isatty()
-    console = Console(highlight=False, width=None if live else 120)
+    # With --json, stdout holds the summary's JSON alone: the banner, status and logs go to stderr.
+    out = sys.stderr if args.json else sys.stdout
+    live = out.isatty()
+    console = Console(file=out, highlight=False, width=None if live else 120)
     # job.log lines show unless a log level was asked for: then that level rules them too.
     level_given = args.setting_log_level is not None or bool(os.environ.get(env_name("log_level"), "").strip())
     _configure_logging(settings.log_level, console, live, job_lines=not level_given)
     status = LocalRunner(settings, own_sandbox=own_sandbox, console=console, live=live,
-                         stats=bool(getattr(args, "stats", False))).run()
+                         stats=bool(getattr(args, "stats", False)), demo_handlers=args.demo_handlers,
+                         json_summary=args.json).run()
     if status == EXIT_FORCED:
         # A second Ctrl-C means now: do not wait for handler threads still running.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
     return status
-
-
-def build_settings(args: argparse.Namespace) -> tuple[LocalSettings, bool]:
-    """The validated settings and whether the run uses its own sandbox; ConfigurationError
-    names every bad setting (its variable and flag) at once."""
-    given = settings_from_args(args)
-    problems: list[str] = []
-    if args.queue is not None:
-        _queue(args.queue, given, problems)
-    if args.api_key_env is not None:
-        value = os.environ.get(args.api_key_env, "")
-        if not value.strip():
-            problems.append(f"--api-key-env {args.api_key_env}: the environment variable "
-                            f"{args.api_key_env} is not set")
-        else:
-            given["api_key"] = value
-    own_sandbox = "base_url" not in given and not os.environ.get(env_name("base_url"), "").strip()
-    values: dict[str, Any] = {}
-    for name, value in {**LOCAL_DEFAULTS, **(DEMO_DEFAULTS if own_sandbox else {})}.items():
-        if not os.environ.get(env_name(name), "").strip():
-            values[name] = value
-    values.update(given)
-    if own_sandbox:
-        values["base_url"] = _PLACEHOLDER_URL
-    try:
-        settings = LocalSettings(**values)
-    except ConfigurationError as err:
-        raise ConfigurationError(_message(_lines(str(err)) + problems + _cross_checks(
-            lambda name: values.get(name) or os.environ.get(env_name(name)), own_sandbox,
-            key_problem=args.api_key_env is not None))) from None
-    problems += _cross_checks(lambda name: getattr(settings, name), own_sandbox,
-                              key_problem=args.api_key_env is not None)
-    if problems:
-        raise ConfigurationError(_message(problems))
-    return settings, own_sandbox
-
-
-def _queue(queue: str, given: dict[str, Any], problems: list[str]) -> None:
-    if "handlers" in given and set(given["handlers"].split(",")) != {queue}:
-        # Naming the same queue twice is harmless; naming two different ones is a contradiction.
-        problems.append(f"--queue {queue}, --handlers {given['handlers']}: they name different handlers; "
-                        "give one of them (a claim queue's name is its handler's)")
-    given["handlers"] = queue
-    if "criteria" not in given:
-        return
-    try:
-        criteria = json.loads(given["criteria"])
-    except ValueError:
-        problems.append(f"{env_name('criteria')} (--criteria): is not valid JSON")
-        return
-    if not isinstance(criteria, dict):
-        problems.append(f"{env_name('criteria')} (--criteria): with --queue, must be the queue's criteria "
-                        'object, {"field": matcher}')
-        return
-    given["criteria"] = json.dumps({queue: criteria})
-
-
-def _cross_checks(value: Callable[[str], Any], own_sandbox: bool, *, key_problem: bool) -> list[str]:
-    """Rules across settings, on validated settings or (when those failed) on the raw values."""
-    problems = []
-    protocol = str(value("protocol") or "pipelogiq").strip().lower()
-    if str(value("transport") or "http").strip().lower() == "socket" and protocol != "claimqueue":
-        problems.append(f"{env_name('transport')} (--transport): socket is the claim queue's work socket; "
-                        f"{protocol} has only http")
-    has_key = value("api_key") or value("api_key_secret_arn") or value("api_key_parameter")
-    if not own_sandbox and not has_key and not key_problem:
-        problems.append(f"{env_name('api_key')}: no API key for {value('base_url')}; pass --api-key-env NAME "
-                        f"(the variable holding it) or set {env_name('api_key_secret_arn')} or "
-                        f"{env_name('api_key_parameter')}")
-    return problems
-
-
-_SETTING_LINE = re.compile(r"^(SW_[A-Z0-9_]+)(?=[: ,\[])")
-
-
-def _lines(message: str) -> list[str]:
-    """The model's ``SW_NAME: problem`` lines, each naming the flag too."""
-    body = message.removeprefix("invalid settings:").strip("\n")
-    lines = [line.strip() for line in body.splitlines() if line.strip()]
-    return [_SETTING_LINE.sub(_with_flag, line) for line in lines]
-
-
-def _with_flag(match: re.Match[str]) -> str:
-    env = match.group(1)
-    flags = flag_names(env.removeprefix("SW_").lower())
-    return f"{env} ({', '.join(flags)})" if flags else env
-
-
-def _message(lines: list[str]) -> str:
-    return "invalid settings:\n  " + "\n  ".join(lines)
 
 
 class JobLineFormatter(logging.Formatter):

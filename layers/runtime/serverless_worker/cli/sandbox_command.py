@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from ..errors import ConfigurationError
+from ..errors import ERROR_PREFIX, ConfigurationError
 from ..loopback import is_loopback_host
 from ..sandbox import SANDBOXES, create_sandbox
+from ..textforms import clipped_line, coded_message
 
 if TYPE_CHECKING:
     from ..sandbox import Sandbox, SandboxServer
+    from ..sandbox.admin import JobView
 
 __all__ = ["DEFAULT_PORTS", "DEMO_SEEDS", "register", "run"]
 
@@ -139,12 +141,37 @@ def run_jobs(args: argparse.Namespace) -> int:
         print(f"no jobs on the sandbox at {args.url}")
         return 0
     for view, _ in views:
-        result = "-" if view.result is None else json.dumps(view.result, separators=(", ", ": "), default=str)
-        if not args.job_ids and len(result) > _RESULT_MAX:
-            result = result[:_RESULT_MAX - 3] + "..."
-        error = f"  error {view.error}" if view.error else ""
-        print(f"{view.job_id}  {view.handler}  {view.state}  result {result}{error}")
+        print(_job_block(view) if args.job_ids else _job_line(view))
     return 0
+
+
+def _compact(value: Any) -> str:
+    return "-" if value is None else json.dumps(value, separators=(", ", ": "), default=str)
+
+
+def _job_line(view: JobView) -> str:
+    """``id  handler  state  result R  error CODE: message  (N attempts)``, each part clipped."""
+    failed = view.code or view.message
+    error = f"  error {clipped_line(coded_message(view.code, view.message), _RESULT_MAX)}" if failed else ""
+    attempts = "" if view.attempts is None else f"  ({view.attempts} attempt{'s' if view.attempts != 1 else ''})"
+    result = clipped_line(_compact(view.result), _RESULT_MAX)
+    return f"{view.job_id}  {view.handler}  {view.state}  result {result}{error}{attempts}"
+
+
+def _job_block(view: JobView) -> str:
+    """One job in full: its line's head, then the attempts, the error's code and whole
+    message, a business error's details and the result, one labelled line each."""
+    lines = [f"{view.job_id}  {view.handler}  {view.state}"]
+    if view.attempts is not None:
+        lines.append(f"  attempts  {view.attempts}")
+    if view.code or view.message:
+        first, *more = coded_message(view.code, view.message, "no message").splitlines() or [""]
+        lines.append(f"  error     {first}")
+        lines += [f"            {line}" for line in more]
+    if view.details:
+        lines.append(f"  details   {_compact(view.details)}")
+    lines.append(f"  result    {_compact(view.result)}")
+    return "\n".join(lines)
 
 
 def _unreadable(err: Exception) -> str:
@@ -312,7 +339,7 @@ def _serve(server: SandboxServer) -> int:
             signal.signal(sig, handler)
         server.stop()
     if not received:
-        print("serverless-worker: the sandbox stopped without a signal (see the log above)", file=sys.stderr)
+        print(f"{ERROR_PREFIX}the sandbox stopped without a signal (see the log above)", file=sys.stderr)
         return 1
     return 0
 

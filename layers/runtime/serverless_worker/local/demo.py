@@ -1,5 +1,9 @@
-"""The built-in demo: a sandbox job server of our own on a free loopback port, seeded
-with jobs for the example handlers (functions/handlers): every outcome once.
+"""The built-in sandbox: a job server of our own on a free loopback port, seeded with jobs
+for the handlers being run. The built-in demo's handlers (functions/handlers, the
+examples) get their demo jobs, every outcome once; any other handler, such as the one
+``serverless-worker init`` writes, gets the sample inputs its project keeps in
+``events/<handler>.json`` (a JSON object, or a list of them), so a new project's
+``serverless-worker local`` works its own handler at once.
 
 Two of those outcomes are failures on purpose (a declined card, an invalid payment): the
 sandbox tells which job ids they got (:attr:`OwnSandbox.deliberate`), so the summary
@@ -11,15 +15,18 @@ same credential path as a real server (and proves the key never reaches the outp
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..sandbox import create_sandbox
 
-__all__ = ["DELIBERATE_FAILURES", "DEMO_JOBS", "OwnSandbox", "demo_seeds", "job_creation_times", "new_key",
-           "sandbox_credential_config"]
+__all__ = ["DELIBERATE_FAILURES", "DEMO_JOBS", "SAMPLES_DIRECTORY", "OwnSandbox", "SampleJobs", "demo_seeds",
+           "job_creation_times", "new_key", "sample_jobs", "sandbox_credential_config"]
 
 DECLINED_CARD = "4000000000000002"  # functions/handlers/examples.py declines this card
 
@@ -69,6 +76,53 @@ def demo_seeds(protocol: str, handlers: Iterable[str]) -> list[tuple[dict[str, A
             seeds.append((_SEED_FORMATS[protocol](name, plain), None))
         seeds += [(_SEED_FORMATS[protocol](name, [DEMO_JOBS[name][index]]), note) for index, note in notes.items()]
     return seeds
+
+
+SAMPLES_DIRECTORY = "events"
+
+
+@dataclass
+class SampleJobs:
+    """What the built-in sandbox is seeded with: the admin seed bodies (each with why its
+    jobs fail on purpose, or ``None``), where each handler's jobs came from, and the
+    handlers that have none (the banner says how to give them some)."""
+
+    seeds: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)   # handler -> "the demo" or "events/x.json"
+    missing: list[str] = field(default_factory=list)
+
+
+def sample_jobs(protocol: str, names: Iterable[str], demo: Iterable[str], project_root: Path) -> SampleJobs:
+    """The jobs to seed for ``names``: the demo's for the built-in demo's handlers (``demo``),
+    ``events/<handler>.json`` of the project for any other; ConfigurationError (one line)
+    for a sample file that is not a JSON object or a list of them."""
+    found = SampleJobs()
+    demo_names = set(demo)
+    for name in names:
+        if name in demo_names and name in DEMO_JOBS:
+            found.seeds += demo_seeds(protocol, [name])
+            found.sources[name] = "the demo"
+            continue
+        path = project_root / SAMPLES_DIRECTORY / f"{name}.json"
+        if not path.is_file():
+            found.missing.append(name)
+            continue
+        inputs = _sample_inputs(path)
+        found.seeds.append((_SEED_FORMATS[protocol](name, inputs), None))
+        found.sources[name] = f"{SAMPLES_DIRECTORY}/{path.name}"
+    return found
+
+
+def _sample_inputs(path: Path) -> list[dict[str, Any]]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigurationError(f"{path}: not readable as JSON ({err}); it holds a sample job's input for "
+                                 "the built-in sandbox") from None
+    inputs = value if isinstance(value, list) else [value]
+    if not inputs or not all(isinstance(item, dict) for item in inputs):
+        raise ConfigurationError(f"{path}: a sample job's input is a JSON object, or a list of them")
+    return inputs
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """``serverless-worker doctor``: is this worker set up to work, checked without taking work.
 
-Each check is one line (``ok`` / ``FAIL`` and why) so that a setup problem is found
-before a deploy, not by a silent poller alarm. In order: the settings, the handler
-module, the credential, then the server itself, with a call per protocol that proves it
-is reachable and accepts the credential but hands out nothing:
+Each finding is one line, ``OK``, ``WARN`` (something to act on, though it does not stop
+a worker) or ``FAIL``, with its name and why, so that a setup problem is found before a
+deploy, not by a silent poller alarm; the list is :attr:`Doctor.findings` (``--json``
+prints it as :class:`DoctorReport`). In order: the settings, the handler module, the
+credential, then the server itself, with a call per protocol that proves it is reachable
+and accepts the credential but hands out nothing:
 
 - Pipelogiq: a worker session (``/workers/bootstrap``, then ``/workers/shutdown``) under
   an instance id of its own, so the real worker's session is not replaced; then whether
@@ -22,17 +24,25 @@ two-stage pipeline through ``/pipelines/idempotent``, works it with the protocol
 that the pipeline completed with the first stage retried once. It prints PASS or what
 failed. The smoke creates a worker record and a test pipeline on the server, as the
 script does; it runs only its own stage handler, never the user's handlers.
+
+A warning the runtime logs while the checks run (a handler module that registers nothing,
+a ``SW_`` variable that is no setting) becomes a ``WARN`` finding of its own
+(:class:`LoggedWarnings`), not a stray log line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from ..errors import (
     AuthenticationError,
@@ -50,7 +60,7 @@ from ..protocols.base import PullRequest, WorkerIdentity, WorkerProtocol
 from ..protocols.transport import display_url
 from ..settings import Settings
 
-__all__ = ["Check", "Doctor", "SMOKE_HANDLER"]
+__all__ = ["SMOKE_HANDLER", "Doctor", "DoctorReport", "Finding", "Level", "LoggedWarnings"]
 
 SMOKE_HANDLER = "serverless-worker-smoke"
 _NEVER_MATCHES = {"serverless-worker-doctor": "a field no item has"}
@@ -59,20 +69,72 @@ _IDLE_QUEUE_HANDLER = "serverless-worker-doctor"  # a handler no stage names: it
 _LONG_POLL_PROBE = 1  # seconds the long-poll probe asks the server to wait (whole seconds)
 
 
-@dataclass(frozen=True)
-class Check:
-    """One line of the report."""
+Level = Literal["OK", "WARN", "FAIL"]
 
+
+class Finding(BaseModel):
+    """One line of the report: ``OK``; ``WARN``, something to act on that does not stop a
+    worker; or ``FAIL``, which does (and stops the checks that depend on it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    level: Level
     name: str
-    passed: bool
-    detail: str
+    text: str
 
     @property
-    def verdict(self) -> str:
-        """``ok`` or ``FAIL``; the smoke, an end-to-end run, says ``PASS`` as the server's script does."""
-        if not self.passed:
-            return "FAIL"
-        return "PASS" if self.name == "smoke" else "ok"
+    def passed(self) -> bool:
+        return self.level != "FAIL"
+
+
+def ok(name: str, text: str) -> Finding:
+    return Finding(level="OK", name=name, text=text)
+
+
+def warn(name: str, text: str) -> Finding:
+    return Finding(level="WARN", name=name, text=text)
+
+
+def fail(name: str, text: str) -> Finding:
+    return Finding(level="FAIL", name=name, text=text)
+
+
+class DoctorReport(BaseModel):
+    """What ``doctor --json`` prints: the server checked, whether every check passed, and
+    every finding in order."""
+
+    protocol: str
+    url: str
+    passed: bool
+    findings: list[Finding]
+
+
+# Which finding a logged warning belongs to, by its logger.
+_LOGGER_FINDINGS = {"serverless_worker.registry": "handlers", "serverless_worker.settings": "settings"}
+
+
+class LoggedWarnings(logging.Handler):
+    """Warnings logged while the doctor runs, kept to become ``WARN`` findings (one each,
+    repeats dropped) instead of log lines beside the report."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._lock_found = threading.Lock()
+        self._found: list[Finding] = []
+        self._seen: set[tuple[str, str]] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        name = _LOGGER_FINDINGS.get(record.name, record.name.rsplit(".", 1)[-1])
+        text = " ".join(record.getMessage().split())
+        with self._lock_found:
+            if (name, text) not in self._seen:
+                self._seen.add((name, text))
+                self._found.append(warn(name, text))
+
+    def take(self) -> list[Finding]:
+        with self._lock_found:
+            found, self._found = self._found, []
+        return found
 
 
 @dataclass
@@ -85,69 +147,85 @@ class Doctor:
     smoke: bool = False
     smoke_handler: str = SMOKE_HANDLER
     smoke_timeout: float = 60.0
-    checks: list[Check] = field(default_factory=list)
+    logged: LoggedWarnings | None = None  # warnings logged meanwhile, each becomes a WARN finding
+    findings: list[Finding] = field(default_factory=list)
     handler_names: list[str] = field(default_factory=list)  # what the handlers check found
-    release_checks: list[Check] = field(default_factory=list)  # found by the server's probe
+    release_findings: list[Finding] = field(default_factory=list)  # found by the server's probe
 
-    def run(self) -> Iterator[Check]:
-        """Yield each check as it completes (so a slow server shows where it is slow)."""
-        for step in (self._handlers, self._server, self._release, self._smoke):
+    def run(self) -> Iterator[Finding]:
+        """Yield each finding as its check completes (so a slow server shows where it is slow)."""
+        for step in (self._logged, self._handlers, self._server, self._release, self._smoke):
             found = step()
-            checks = found if isinstance(found, list) else [] if found is None else [found]
-            for check in checks:  # a step's findings are all shown, then a failed one stops the rest
-                self.checks.append(check)
-                yield check
-            if not all(check.passed for check in checks):
+            found = found if isinstance(found, list) else [] if found is None else [found]
+            found += self.logged.take() if self.logged is not None else []
+            for finding in found:  # a step's findings are all shown, then a failed one stops the rest
+                self.findings.append(finding)
+                yield finding
+            if not all(finding.passed for finding in found):
                 return
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        return bool(self.findings) and all(finding.passed for finding in self.findings)
+
+    def report(self) -> DoctorReport:
+        return DoctorReport(protocol=self.settings.protocol, url=display_url(self.settings.base_url),
+                            passed=self.passed, findings=list(self.findings))
 
     # -- the checks ------------------------------------------------------------------------
-    def _handlers(self) -> Check:
-        from .handler_module import load_local_handlers
+    def _logged(self) -> list[Finding]:
+        """What was logged before the checks began (reading the settings)."""
+        return []
+
+    def _handlers(self) -> list[Finding]:
+        from .handler_module import demo_handler_names, load_local_handlers
 
         try:
             registry = load_local_handlers(self.settings.handler_module, self.project_root,
                                            list(self.settings.handlers))
         except ServerlessWorkerError as err:
-            return Check("handlers", False, str(err))
+            return [fail("handlers", str(err))]
         names = self.handler_names = list(self.settings.handlers) or registry.names()
         if not names:
-            return Check("handlers", False, f"{self.settings.handler_module} registers no @handler functions")
-        return Check("handlers", True, f"{self.settings.handler_module}: {', '.join(names)}")
+            return [fail("handlers", f"{self.settings.handler_module} registers no @handler functions")]
+        found = [ok("handlers", f"{self.settings.handler_module}: {', '.join(names)}")]
+        demo = demo_handler_names(registry, names)
+        if demo:
+            found.append(warn("handlers", f"{', '.join(demo)}: the built-in demo's handlers; `serverless-worker "
+                                          "local` runs them against this server only with --demo-handlers (name "
+                                          "your own module with --handler-module)"))
+        return found
 
-    def _server(self) -> Check:
+    def _server(self) -> Finding:
         started = time.monotonic()
         try:
             client = self.client_factory(self.settings)
         except ConfigurationError as err:
-            return Check("credential", False, str(err))
+            return fail("credential", str(err))
         try:
             detail = _PROBES[self.settings.protocol](self, client)
         except ProtocolError as err:
-            return Check("server", False, _refused(self.settings, err, self.handler_names))
+            return fail("server", _refused(self.settings, err, self.handler_names))
         finally:
             client.close()
         took = (time.monotonic() - started) * 1000
-        return Check("server", True, f"{self.settings.base_url} answered in {took:.0f} ms; {detail}")
+        return ok("server", f"{self.settings.base_url} answered in {took:.0f} ms; {detail}")
 
-    def _release(self) -> list[Check]:
+    def _release(self) -> list[Finding]:
         """What the server probe found about the protocol release (Pipelogiq only)."""
-        return self.release_checks
+        return self.release_findings
 
-    def _smoke(self) -> Check | None:
+    def _smoke(self) -> Finding | None:
         if not self.smoke:
             return None
         if self.settings.protocol != "pipelogiq":
-            return Check("smoke", False, f"--smoke runs a Pipelogiq pipeline; {self.settings.protocol} has none")
+            return fail("smoke", f"--smoke runs a Pipelogiq pipeline; {self.settings.protocol} has none")
         client = self.client_factory(self.settings)
         try:
             return _pipelogiq_smoke(client, self._identity("smoke", [self.smoke_handler]), self.smoke_handler,
                                     self.smoke_timeout)
         except ProtocolError as err:
-            return Check("smoke", False, _refused(self.settings, err, [self.smoke_handler]))
+            return fail("smoke", _refused(self.settings, err, [self.smoke_handler]))
         finally:
             client.close()
 
@@ -178,24 +256,24 @@ def _probe_pipelogiq(doctor: Doctor, client: WorkerProtocol) -> str:
     identity = doctor._identity("doctor", list(doctor.settings.handlers) or [SMOKE_HANDLER])
     session = client.open_session(identity)
     try:
-        doctor.release_checks = [_lease_check(client), _long_poll_check(client)]
+        doctor.release_findings = [_lease_check(client), _long_poll_check(client)]
     finally:
         client.shutdown("serverless-worker doctor: check only")
     worker = session.worker_id if session is not None else identity.instance_id
     return f"API key accepted; worker session opened and shut down (worker {worker})"
 
 
-def _lease_check(client: Any) -> Check:
+def _lease_check(client: Any) -> Finding:
     """Whether the lease API exists: a call that names no execution can take no lease."""
     status = client.lease_api_status()
     if status == 404:
-        return Check("lease", False, "POST /stages/{id}/lease/renew answered 404: this server has no lease API "
+        return fail("lease", "POST /stages/{id}/lease/renew answered 404: this server has no lease API "
                                      "(a Pipelogiq release older than 0.5.0); its deliveries carry no executionId "
                                      "and cannot be worked")
-    return Check("lease", True, f"lease API present (a lease call naming no execution answered {status})")
+    return ok("lease", f"lease API present (a lease call naming no execution answered {status})")
 
 
-def _long_poll_check(client: Any) -> Check:
+def _long_poll_check(client: Any) -> Finding:
     """Whether pull waits: a queue no stage uses, asked to wait, must come back at its deadline."""
     started = time.monotonic()
     taken = client.pull(PullRequest(handler=_IDLE_QUEUE_HANDLER, max_items=1, wait_seconds=_LONG_POLL_PROBE))
@@ -203,10 +281,10 @@ def _long_poll_check(client: Any) -> Check:
     for delivery in taken:  # someone's stage on that queue after all: back, unrun
         client.hand_back(delivery)
     if not taken and took < _LONG_POLL_PROBE / 2:
-        return Check("long-poll", False, f"a pull asked to wait {_LONG_POLL_PROBE:g} s came back empty after "
+        return fail("long-poll", f"a pull asked to wait {_LONG_POLL_PROBE:g} s came back empty after "
                                          f"{took:.2f} s: this server ignores waitSeconds (a Pipelogiq release "
                                          "older than 0.5.0)")
-    return Check("long-poll", True, f"a pull asked to wait {_LONG_POLL_PROBE:g} s waited {took:.1f} s")
+    return ok("long-poll", f"a pull asked to wait {_LONG_POLL_PROBE:g} s waited {took:.1f} s")
 
 
 def _probe_priostack(doctor: Doctor, client: WorkerProtocol) -> str:
@@ -232,7 +310,7 @@ _PROBES: dict[str, Callable[[Doctor, WorkerProtocol], str]] = {
 
 # -- the Pipelogiq smoke --------------------------------------------------------------------
 
-def _pipelogiq_smoke(client: Any, identity: WorkerIdentity, handler: str, timeout: float) -> Check:
+def _pipelogiq_smoke(client: Any, identity: WorkerIdentity, handler: str, timeout: float) -> Finding:
     """Two stages, the first failing once: what the server's smoke script proves."""
     client.open_session(identity)
     try:
@@ -274,13 +352,12 @@ def _work_smoke_stage(client: Any, delivery: Delivery, pipeline_id: int, runs: d
     client.acknowledge(delivery)
 
 
-def _smoke_verdict(pipeline_id: int, status: dict[str, Any], runs: dict[str, int], timeout: float) -> Check:
+def _smoke_verdict(pipeline_id: int, status: dict[str, Any], runs: dict[str, int], timeout: float) -> Finding:
     state = str(status.get("status", "unknown"))
     if state.lower() != "completed":
         why = f"still {state} after {timeout:.0f} s" if state.lower() not in _TERMINAL else f"ended {state}"
-        return Check("smoke", False, f"pipeline {pipeline_id} {why} (stage runs {runs or 'none'})")
+        return fail("smoke", f"pipeline {pipeline_id} {why} (stage runs {runs or 'none'})")
     if runs.get("first") != 2 or runs.get("second") != 1:
-        return Check("smoke", False, f"pipeline {pipeline_id} completed, but the stages ran {runs} times "
+        return fail("smoke", f"pipeline {pipeline_id} completed, but the stages ran {runs} times "
                                      "(expected first twice, the retry, and second once)")
-    return Check("smoke", True, f"two-stage pipeline {pipeline_id} completed; the first stage was "
-                                "retried once")
+    return ok("smoke", f"PASS: two-stage pipeline {pipeline_id} completed; the first stage was retried once")

@@ -22,7 +22,15 @@ from pathlib import Path
 from ..errors import ConfigurationError
 from ..registry import HandlerRegistry, load_handlers
 
-__all__ = ["code_directories", "load_local_handlers", "resolve_handler_module"]
+__all__ = ["DEMO_HANDLER_MODULE", "DEMO_MARKER", "code_directories", "demo_handler_names", "load_local_handlers",
+           "project_handler_module", "resolve_handler_module"]
+
+# The built-in demo's handlers: this repository's examples (functions/handlers/examples.py),
+# which mark their module with ``DEMO_MARKER = True`` so that they never run against a
+# user's server unasked.
+DEMO_HANDLER_MODULE = "functions.handlers"
+DEMO_MARKER = "__serverless_worker_demo__"
+_SETTING = "SW_HANDLER_MODULE"
 
 
 def _is_path(text: str) -> bool:
@@ -76,6 +84,41 @@ def code_directories(resolved: str, root: Path) -> list[Path]:
     found = [(root / "functions").resolve()] if (root / "functions").is_dir() else []
     if _is_path(resolved) and (here := Path(resolved).resolve().parent) not in found:
         found.append(here)
+    return found
+
+
+def project_handler_module(start: Path | None = None) -> tuple[str, Path] | None:
+    """The handler module the project of the working directory (or ``start``) names in its
+    ``template.yaml`` (``SW_HANDLER_MODULE`` in the functions' environment, a ``!Ref`` read
+    as its parameter's default), with that file; ``None`` outside a project or when the
+    template names none. The same module the deployed stack loads."""
+    from .project import TEMPLATE_NAME, project_here
+    from .template import environment_sources, load_template, param_default
+
+    root = project_here(start)
+    if root is None:
+        return None
+    path = root / TEMPLATE_NAME
+    template = load_template(path)
+    if _SETTING not in environment_sources(template):
+        return None
+    globals_ = template.get("Globals", {}).get("Function", {}).get("Environment", {}).get("Variables", {})
+    executor = template.get("Resources", {}).get("ExecutorFunction", {}).get("Properties", {})
+    value = executor.get("Environment", {}).get("Variables", {}).get(_SETTING, globals_.get(_SETTING))
+    module = param_default(template, value)
+    if not isinstance(module, str) or not module.strip():
+        return None
+    return module.strip(), path
+
+
+def demo_handler_names(registry: HandlerRegistry, names: list[str]) -> list[str]:
+    """Those of ``names`` that are the built-in demo's handlers (their module carries
+    :data:`DEMO_MARKER`)."""
+    found = []
+    for name in names:
+        module = sys.modules.get(getattr(registry.get(name).fn, "__module__", "") or "")
+        if module is not None and getattr(module, DEMO_MARKER, False) is True:
+            found.append(name)
     return found
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..registry import HandlerRegistry
 
-__all__ = ["JobCounts", "RunObserver", "instrument"]
+__all__ = ["JobCounts", "JobProgress", "RunObserver", "instrument"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,17 @@ class _Job:
     last: str | None = None       # how its last settled delivery ended
 
 
+@dataclasses.dataclass(frozen=True)
+class JobProgress:
+    """The last ``job.progress`` value of a running job, as the handler gave it (formatted
+    only when shown); ``seq`` orders reports across jobs."""
+
+    job_id: str
+    handler: str
+    value: Any
+    seq: int
+
+
 class RunObserver:
     """Thread-safe counters of one local run."""
 
@@ -65,6 +76,9 @@ class RunObserver:
         self._jobs: dict[str, _Job] = {}             # job id -> its deliveries (DeliveryWatcher)
         self._unsettled: dict[str, str] = {}         # job id -> why it has no definite outcome
         self._unusable: Counter[str] = Counter()     # answers the worker could not use, by reason
+        self._progress: dict[str, JobProgress] = {}  # job id -> its last job.progress, while it runs
+        self._progress_ended: list[JobProgress] = []  # those of jobs since settled, until shown
+        self._progress_seq = 0
         self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
 
     def restart_clock(self) -> None:
@@ -106,6 +120,31 @@ class RunObserver:
             job.last = how
             if how in ("done", "failed"):
                 job.reported = how
+            ended = self._progress.pop(str(delivery.job_id), None) if not job.open else None
+            if ended is not None:
+                self._progress_ended.append(ended)
+
+    def progress(self, delivery: Any, value: Any) -> None:
+        """A handler's ``job.progress(value)``: kept as given, the last one per job (the
+        live view and the log format it when they show it, a few times a second at most)."""
+        with self._lock:
+            self._progress_seq += 1
+            job_id = str(delivery.job_id)
+            self._progress[job_id] = JobProgress(job_id, str(delivery.handler), value, self._progress_seq)
+
+    def running_progress(self, most: int) -> list[JobProgress]:
+        """The last progress of the ``most`` running jobs that reported one latest, oldest first."""
+        with self._lock:
+            found = sorted(self._progress.values(), key=lambda entry: entry.seq)
+        return found[-most:] if most > 0 else []
+
+    def progress_after(self, seq: int) -> list[JobProgress]:
+        """Each job's last progress reported after ``seq`` (running or since settled), oldest
+        first; the settled jobs' are forgotten once returned."""
+        with self._lock:
+            found = [entry for entry in [*self._progress.values(), *self._progress_ended] if entry.seq > seq]
+            self._progress_ended.clear()
+        return sorted(found, key=lambda entry: entry.seq)
 
     # -- what the summary lists and the exit status stands on -------------------------------
     def unsettled(self, job_id: str, reason: str) -> None:

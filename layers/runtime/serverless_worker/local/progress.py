@@ -1,24 +1,45 @@
-"""Live progress of a local run: a rich spinner line on a terminal, plain lines otherwise
-(a pipe, a CI log), printed when something changed and at most once a second.
+"""Live progress of a local run: a rich spinner line on a terminal (with the last
+``job.progress`` of a few running jobs below it), plain lines otherwise (a pipe, a CI log):
+one when the counts changed, at most once a second, and one every ``plain_every`` seconds
+while nothing changes, so a log shows that jobs are still running.
 
 The display only shows the last :class:`Status` it was given; the runner computes it
-(from the process's own counter totals), so drawing never touches the network.
+(from the process's own counter totals), so drawing never touches the network, and a
+progress value is formatted only when it is drawn.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Progress", "Status"]
+from ..textforms import clipped_line
+
+if TYPE_CHECKING:
+    from .observe import JobProgress
+
+__all__ = ["PROGRESS_SHOWN", "Progress", "Status", "progress_text"]
+
+PROGRESS_SHOWN = 3        # running jobs whose last progress the live view shows
+_PROGRESS_MAX = 60        # characters of one progress value shown
+PLAIN_EVERY = 10.0        # seconds between plain lines while the counts stay the same
+
+
+def progress_text(value: Any) -> str:
+    """A progress value as one short line: text as it is, anything else as compact JSON."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+    return clipped_line(text, _PROGRESS_MAX)
 
 
 @dataclass(frozen=True)
 class Status:
     """Jobs, counted as the summary counts them (``observe.JobCounts``): ``taken`` is the
-    summary's "taken", a job delivered twice is one job."""
+    summary's "taken", a job delivered twice is one job. ``progress``: the last progress
+    of the running jobs that reported one most recently (the live view shows them)."""
 
     taken: int = 0
     running: int = 0
@@ -26,6 +47,11 @@ class Status:
     failed: int = 0
     handed_back: int = 0
     discarded: int = 0
+    progress: tuple[JobProgress, ...] = ()
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return (self.taken, self.running, self.done, self.failed, self.handed_back, self.discarded)
 
     def line(self) -> str:
         extra = f" discarded={self.discarded}" if self.discarded else ""
@@ -34,21 +60,29 @@ class Status:
 
 
 class Progress:
-    """``update(status)`` as often as you like; ``phase(text)`` for what the runner is doing."""
+    """``update(status)`` as often as you like; ``phase(text)`` for what the runner is doing.
 
-    def __init__(self, console: Any, *, live: bool) -> None:
+    ``clock`` (monotonic seconds) paces the plain lines; ``plain_every`` is how often one is
+    printed while the counts do not change.
+    """
+
+    def __init__(self, console: Any, *, live: bool, clock: Callable[[], float] = time.monotonic,
+                 plain_every: float = PLAIN_EVERY) -> None:
         self._console = console
         self._live_enabled = live
         self._live: Any = None
         self._status = Status()
         self._phase = "starting"
         self._lock = threading.Lock()
-        self._printed: tuple[Status, str] | None = None
+        self._clock = clock
+        self._plain_every = plain_every
+        self._printed: tuple[tuple[int, ...], str] | None = None
         self._last_print = 0.0
         self._stopped = False
 
     # -- the renderable (rich calls this on its refresh thread) ----------------------------
     def __rich__(self) -> Any:
+        from rich.console import Group
         from rich.spinner import Spinner
         from rich.text import Text
 
@@ -63,7 +97,13 @@ class Progress:
             ("  handed back ", "dim"), (str(status.handed_back), "bold"),
             ("   Ctrl-C drains", "dim"),
         )
-        return Spinner("dots", text=text)
+        spinner = Spinner("dots", text=text)
+        if not status.progress:
+            return spinner
+        lines = [Text.assemble(("    job ", "dim"), (entry.job_id, "bold"), (f" {entry.handler}: ", "dim"),
+                               ("progress ", "dim"), (progress_text(entry.value), "cyan"))
+                 for entry in status.progress]
+        return Group(spinner, *lines)
 
     def start(self) -> Progress:
         if self._live_enabled:
@@ -89,14 +129,18 @@ class Progress:
             self._print_if_changed(force=True)
 
     def _print_if_changed(self, force: bool = False) -> None:
-        now = time.monotonic()
+        """A plain line when the counts or the phase changed (at most once a second), and
+        every ``plain_every`` seconds when they did not."""
+        now = self._clock()
         with self._lock:
-            current = (self._status, self._phase)
-            due = force or now - self._last_print >= 1.0
-            if current == self._printed or not due:
+            status, phase = self._status, self._phase
+            current = (status.counts, phase)
+            since = now - self._last_print
+            changed = current != self._printed
+            if not (force and changed) and not (changed and since >= 1.0) and since < self._plain_every:
                 return
             self._printed, self._last_print = current, now
-        self._console.print(f"{current[1]}: {current[0].line()}", highlight=False, markup=False)
+        self._console.print(f"{phase}: {status.line()}", highlight=False, markup=False)
 
     def abandon(self) -> None:
         """End the display without printing anything more (the run never got going)."""

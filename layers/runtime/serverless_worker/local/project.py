@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import ConfigurationError
 
-__all__ = ["TEMPLATE_NAME", "find_project_root"]
+__all__ = ["TEMPLATE_NAME", "find_project_root", "project_here"]
 
 TEMPLATE_NAME = "template.yaml"
 
@@ -28,6 +28,12 @@ def _upwards(start: Path) -> Path | None:
 @cache
 def _package_root() -> Path | None:
     return _upwards(Path(__file__).resolve().parent)
+
+
+def project_here(start: Path | None = None) -> Path | None:
+    """The project the working directory (or ``start``) is in, upwards, or ``None``: never
+    this package's own checkout as a fallback (a user's settings come from their project)."""
+    return _upwards((start or Path.cwd()).resolve())
 
 
 def find_project_root(start: Path | None = None) -> Path:

@@ -30,7 +30,7 @@ from ..errors import DispatchError
 from ..model import DispatchMode, LedgerStatus
 from ..runtime.services import Services
 
-__all__ = ["RecoveryReport", "recover"]
+__all__ = ["RecoveryReport", "recover", "recovery_note"]
 
 log = logging.getLogger("serverless_worker.local")
 
@@ -43,6 +43,8 @@ class RecoveryReport:
 
     dispatched: int = 0
     stranded: int = 0
+    vanished: int = 0   # of ``stranded``: a run claimed it and no outcome was stored (RUNNING)
+    unstarted: int = 0  # of ``stranded``: never claimed and not dispatched again (handed back unrun)
 
     @property
     def total(self) -> int:
@@ -63,11 +65,33 @@ def recover(services: Services) -> RecoveryReport:
                 report.dispatched += 1
                 continue
             except DispatchError as err:  # no state machine this run: the reaper hands it back
-                log.warning("recovered delivery %s not dispatched again: %s", item.key, err)
+                log.warning("delivery %s of an earlier run could not be dispatched again (%s); this run's reaper "
+                            "hands it back to the server unstarted: nothing is lost", item.key, err)
         # Past its deadline now: the first tick's reaper claims it and settles it.
         if store.postpone(item.key, now - 1.0):
             report.stranded += 1
+            report.vanished += item.status is LedgerStatus.RUNNING
+            report.unstarted += item.status in _NEVER_CLAIMED
     if report.total:
-        services.events.add("worker.recovered", f"found {report.total} deliveries of an earlier run in flight",
+        services.events.add("worker.recovered", recovery_note(report),
                             level="WARN", dispatched=report.dispatched, stranded=report.stranded)
     return report
+
+
+def recovery_note(report: RecoveryReport) -> str:
+    """What recovery did, in one line, and what it cost: nothing, except the work of a run
+    that vanished before its outcome was stored (reported as timed out, so the server may
+    retry the job)."""
+    stored = report.stranded - report.vanished - report.unstarted
+    parts = [f"{report.dispatched} never started (run now)"] if report.dispatched else []
+    if report.unstarted:
+        parts.append(f"{report.unstarted} never started and not run this time (handed back to the server "
+                     "unstarted)")
+    if stored:
+        parts.append(f"{stored} already ran (their stored outcome is reported, not run again)")
+    if report.vanished:
+        parts.append(f"{report.vanished} running when it was killed (reported as timed out, so the server may "
+                     "retry them)")
+    lost = (f"only the unstored work of the {report.vanished} killed run{'s' if report.vanished != 1 else ''} is "
+            "lost" if report.vanished else "nothing was lost")
+    return (f"recovered {report.total} deliveries an earlier run left in flight: {'; '.join(parts)}; {lost}")

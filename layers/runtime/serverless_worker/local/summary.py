@@ -28,9 +28,10 @@ from typing import Any
 
 from ..model import FINAL_STATUSES, LedgerStatus, OutcomeKind
 from ..state.items import delivery_record
+from ..textforms import clipped_line, coded_message
 
-__all__ = ["FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary", "summarize",
-           "unsettled_reason"]
+__all__ = ["DoneJob", "FailedJob", "JobRecord", "RunSummary", "ledger_records", "percentile", "render_summary",
+           "summarize", "summary_document", "unsettled_reason"]
 
 _REPORTED = frozenset({LedgerStatus.REPORTED, LedgerStatus.ACKNOWLEDGED})
 SOURCE_ADMIN = "sandbox admin history"
@@ -54,6 +55,7 @@ class JobRecord:
     unconfirmed: bool = False         # the server answered "not found" or settling was abandoned
     code: str | None = None           # the stored outcome's error code (a failure's)
     message: str | None = None        # and its message
+    value: Any = None                 # the stored outcome's value (a success's result)
 
 
 # Why a ledger item still in flight at the end has no definite outcome on the server.
@@ -95,7 +97,8 @@ def ledger_records(items: Iterable[Mapping[str, Any]]) -> list[JobRecord]:
             reported_at=_reported_at(dict(attrs), status), error=attrs.get("error"),
             unconfirmed=bool(attrs.get("unknown_to_server", False)),
             code=outcome.get("error_code") if outcome else None,
-            message=outcome.get("message") if outcome else None))
+            message=outcome.get("message") if outcome else None,
+            value=outcome.get("value") if outcome else None))
     return records
 
 
@@ -129,6 +132,15 @@ class FailedJob:
     deliberate: str | None = None   # why it fails on purpose (the demo's), else None
 
 
+@dataclass(frozen=True)
+class DoneJob:
+    """A job whose last reported result is a success, with what it returned."""
+
+    job_id: str
+    handler: str
+    result: Any
+
+
 @dataclass
 class RunSummary:
     """Everything the summary table shows."""
@@ -157,6 +169,7 @@ class RunSummary:
     unsettled: dict[str, str] = field(default_factory=dict)  # job id -> why it has no definite outcome
     unusable: Counter[str] = field(default_factory=Counter)  # server answers not usable, by reason
     failed_jobs: list[FailedJob] = field(default_factory=list)  # in the order they were pulled
+    done_jobs: list[DoneJob] = field(default_factory=list)      # likewise
 
     @property
     def failed_total(self) -> int:
@@ -221,6 +234,7 @@ def _count_job(summary: RunSummary, deliveries: list[JobRecord], admin_created: 
         last = reported[-1]
         if last.outcome is OutcomeKind.SUCCESS:
             summary.done += 1
+            summary.done_jobs.append(DoneJob(job_id=last.job_id, handler=last.handler, result=last.value))
         else:
             kind = str(last.outcome.value if last.outcome else "unknown")
             summary.failed[kind] += 1
@@ -254,8 +268,9 @@ def _printable(text: str) -> str:
 
 
 def _failed_jobs(summary: RunSummary) -> list[Any]:
-    """The failed jobs, one a line: job id, handler, code and message; the deliberate ones
-    say so, and why."""
+    """The failed jobs, one each: job id, handler, then the code and the whole message (the
+    code once: an exception's message already starts with its type); a message of several
+    lines goes on below, indented. The deliberate ones say so, and why."""
     from rich.text import Text
 
     if not summary.failed_jobs:
@@ -263,22 +278,35 @@ def _failed_jobs(summary: RunSummary) -> list[Any]:
     lines = [f"failed ({len(summary.failed_jobs)}): job id, handler, code: message"]
     for job in summary.failed_jobs[:_LISTED_MAX]:
         code = job.code or _KIND_NAMES.get(job.kind, job.kind)
-        message = _clip(job.message or "no message")
+        first, *more = coded_message(code, job.message, "no message").splitlines() or [""]
         note = f"  [{job.deliberate}]" if job.deliberate else ""
-        lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(code)}: "
-                     f"{_printable(message)}{note}")
+        lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(first)}{note}")
+        lines += [f"      {_printable(line)}" for line in more]
     if len(summary.failed_jobs) > _LISTED_MAX:
-        lines.append(f"  ... and {len(summary.failed_jobs) - _LISTED_MAX} more")
+        lines.append(f"  ... and {len(summary.failed_jobs) - _LISTED_MAX} more "
+                     "(`serverless-worker ledger --status failed` lists them all)")
     deliberate = all(job.deliberate for job in summary.failed_jobs)
     return [Text("\n".join(lines) + "\n", style="dim" if deliberate else "yellow")]
 
 
-_MESSAGE_MAX = 100  # a failure's message in the list; the job server holds all of it
+_RESULT_MAX = 160  # a result in the list of results
 
 
-def _clip(text: str) -> str:
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= _MESSAGE_MAX else one_line[:_MESSAGE_MAX - 3] + "..."
+def _results(summary: RunSummary) -> list[Any]:
+    """What each job that succeeded returned, one a line (clipped): shown when the job
+    server was the built-in sandbox, which ends with the run, so nothing else can show them."""
+    from rich.text import Text
+
+    if not summary.done_jobs:
+        return []
+    lines = [f"results ({len(summary.done_jobs)}): job id, handler, result"]
+    for job in summary.done_jobs[:_LISTED_MAX]:
+        text = json.dumps(job.result, separators=(", ", ": "), default=str, ensure_ascii=False)
+        text = clipped_line(text, _RESULT_MAX)
+        lines.append(f"  {_printable(job.job_id)}  {_printable(job.handler)}  {_printable(text)}")
+    if len(summary.done_jobs) > _LISTED_MAX:
+        lines.append(f"  ... and {len(summary.done_jobs) - _LISTED_MAX} more")
+    return [Text("\n".join(lines) + "\n", style="green")]
 
 
 def _trouble(summary: RunSummary) -> list[Any]:
@@ -317,10 +345,33 @@ def _latency(values: list[float]) -> str:
     return f"p50 {_ms(percentile(values, 50))} · p95 {_ms(percentile(values, 95))} (n={len(values)})"
 
 
-def render_summary(summary: RunSummary, *, stats: bool = False) -> Any:
-    """The summary as rich renderables, for ``Console.print``: the jobs table, the failed
-    jobs, what has no definite outcome; with ``stats`` (``local --stats``) also the HTTP
-    calls per job by endpoint and the state store's reads and writes per job."""
+_LATENCIES = {"created_to_handler_start": "to_start", "created_to_result_reported": "to_report",
+              "pulled_to_handler_start": "pulled_to_start", "pulled_to_result_reported": "pulled_to_report"}
+
+
+def summary_document(summary: RunSummary, *, exit_status: int, verdict: str | None) -> dict[str, Any]:
+    """The summary as JSON-able data (``local --json``): every field of :class:`RunSummary`
+    as pydantic dumps it, the latency lists as p50/p95/n (seconds), and the run's exit
+    status with the line that explains it (``None`` when the run succeeded)."""
+    from pydantic import TypeAdapter
+
+    data: dict[str, Any] = TypeAdapter(RunSummary).dump_python(summary, mode="json")
+    latency = {}
+    for name, attribute in _LATENCIES.items():
+        values = data.pop(attribute)
+        if values:
+            latency[name] = {"p50": percentile(values, 50), "p95": percentile(values, 95), "n": len(values)}
+    data.update(failed_total=summary.failed_total, definite=summary.definite, latency_seconds=latency,
+                exit_status=exit_status, verdict=verdict)
+    return data
+
+
+def render_summary(summary: RunSummary, *, stats: bool = False, results: bool = False) -> Any:
+    """The summary as rich renderables, for ``Console.print(..., soft_wrap=True)`` (so a
+    message is never cut or wrapped mid-word): the jobs table, the failed jobs, what has no
+    definite outcome; with ``results`` (a run on the built-in sandbox, whose jobs end with
+    it) what each job returned; with ``stats`` (``local --stats``) also the HTTP calls per
+    job by endpoint and the state store's reads and writes per job."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -362,7 +413,7 @@ def render_summary(summary: RunSummary, *, stats: bool = False) -> Any:
             jobs.add_row(f"{origin} → result reported", "", _latency(to_report))
     sources = ", ".join(f"{source} ({n})" for source, n in summary.creation_sources.most_common())
     jobs.add_row("job creation time from", "", sources or "-")
-    parts: list[Any] = [jobs, *_failed_jobs(summary), *_trouble(summary)]
+    parts: list[Any] = [jobs, *(_results(summary) if results else []), *_failed_jobs(summary), *_trouble(summary)]
     if stats:
         parts += _stats(summary)
     return Group(*parts)

@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -48,6 +49,7 @@ from pydantic import SecretStr
 
 from .. import errors
 from ..errors import (
+    ERROR_PREFIX,
     AuthenticationError,
     BadRequestError,
     ConfigurationError,
@@ -67,16 +69,16 @@ from ..runtime.services import Services
 from ..runtime.steps import run_step
 from ..waits import abandon_waits, allow_waits, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
-from .demo import OwnSandbox, demo_seeds, new_key
+from .demo import SAMPLES_DIRECTORY, OwnSandbox, SampleJobs, new_key, sample_jobs
 from .dispatcher import LocalDispatcher
 from .first_contact import FirstContactError, HeldLogs, probe, refusal, unsupported_detail
-from .handler_module import load_local_handlers
+from .handler_module import demo_handler_names, load_local_handlers
 from .observe import RunObserver, instrument
-from .progress import Progress, Status
+from .progress import PROGRESS_SHOWN, Progress, Status, progress_text
 from .project import find_project_root
-from .recovery import RecoveryReport, recover
+from .recovery import RecoveryReport, recover, recovery_note
 from .state_file import LocalState
-from .summary import RunSummary, ledger_records, render_summary, summarize
+from .summary import RunSummary, ledger_records, render_summary, summarize, summary_document
 from .template import function_timeout
 
 if TYPE_CHECKING:
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FORCED", "EXIT_INCOMPLETE", "LocalRunner"]
 
 log = logging.getLogger("serverless_worker.local")
+_JOB_LOG = logging.getLogger("serverless_worker.job")  # job.log's logger: progress lines go with them
 
 EXIT_INCOMPLETE = 1      # a delivery was left without a definite outcome, the server sent answers
                          # the worker could not use (RunObserver.unsettled, .unusable_answer), or
@@ -131,8 +134,11 @@ class LocalRunner:
     """
 
     def __init__(self, settings: Any, *, own_sandbox: bool, console: Any, live: bool,
-                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False) -> None:
+                 ledger_retention_seconds: int = LOCAL_LEDGER_RETENTION_SECONDS, stats: bool = False,
+                 demo_handlers: bool = False, json_summary: bool = False) -> None:
         self.settings = settings
+        self.demo_handlers = demo_handlers  # the built-in demo's handlers may run against another server
+        self.json_summary = json_summary    # the summary as JSON on stdout (``console`` is then stderr)
         self.stats = stats  # the summary's HTTP-call and state-store tables (--stats)
         self.ledger_retention_seconds = ledger_retention_seconds
         self.own_sandbox = own_sandbox
@@ -159,6 +165,7 @@ class LocalRunner:
         self._server_note: str | None = None  # the state file served another server until now
         self._dispatcher: LocalDispatcher | None = None  # set by _build; told when a stop is requested
         self._intro: list[str] = []   # the banner and start-up notes, printed once the server let us in
+        self._progress_logged = 0     # the last job.progress report logged (RunObserver's seq)
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> int:
@@ -166,8 +173,15 @@ class LocalRunner:
         self._started_at = time.time()
         root = find_project_root()
         loaded = load_local_handlers(self.settings.handler_module, root, list(self.settings.handlers))
+        names = list(self.settings.handlers) or loaded.names()
+        demo = demo_handler_names(loaded, names)
+        if demo and not self.own_sandbox and not self.demo_handlers:
+            raise ConfigurationError(
+                f"{', '.join(demo)} {'is' if len(demo) == 1 else 'are'} the built-in demo's handler"
+                f"{'' if len(demo) == 1 else 's'} ({self.settings.handler_module}), which run against "
+                f"{display_url(self.settings.base_url)} only with --demo-handlers; name your own module with "
+                "--handler-module FILE.py (or SW_HANDLER_MODULE), or pick only yours with --handlers NAME")
         registry = instrument(loaded, self._observer)
-        names = list(self.settings.handlers) or registry.names()
         allow_waits()  # a new run: retry waits are allowed again (see _give_up)
         with ExitStack() as cleanup:
             # First: a SIGTERM during start-up then drains (nothing taken yet) instead of killing.
@@ -175,12 +189,13 @@ class LocalRunner:
             sandbox = self._start_sandbox(cleanup) if self.own_sandbox else None
             if sandbox is None:
                 probe(self.settings)  # nothing listens there: one line, before anything starts
+            samples = sample_jobs(self.settings.protocol, names, demo, root) if sandbox is not None else None
             services, aws, scheduler, dispatcher = self._build(registry, names, cleanup)
-            if sandbox is not None:
-                sandbox.seed(demo_seeds(self.settings.protocol, names))
+            if sandbox is not None and samples is not None:
+                sandbox.seed(samples.seeds)
             # The banner waits for the first contact: a server that refuses it gets one line
             # instead (first_contact.refusal), not a banner that promised a run.
-            self._intro = self._banner(sandbox, aws, names, dispatcher.concurrency)
+            self._intro = self._banner(sandbox, aws, names, dispatcher.concurrency, samples)
             if self._server_note:
                 self._intro.append(f"  {self._server_note}")
             # Starting is resuming: the flags an earlier run left in a kept file (its drain on
@@ -188,10 +203,7 @@ class LocalRunner:
             resume_pulling(services)
             self._recovered = recover(services)
             if self._recovered.total:
-                self._intro.append(
-                    f"  recovered {self._recovered.total} deliveries an earlier run left in flight: "
-                    f"{self._recovered.dispatched} never started (run now), {self._recovered.stranded} "
-                    "settled without running again")
+                self._intro.append(f"  {recovery_note(self._recovered)}")
             progress = Progress(self.console, live=self.live)  # started once the first contact went through
             cleanup.callback(progress.stop)
             held = HeldLogs().attach(logging.getLogger().handlers)
@@ -206,18 +218,27 @@ class LocalRunner:
                 # The server answered HTTP but no bootstrap or pull went through (5xx, 429 to the
                 # end): a summary would be all zeros. One line says what happened instead.
                 progress.abandon()
-                print(f"serverless-worker local: the job server at {display_url(self.settings.base_url)} "
+                print(f"{ERROR_PREFIX}the job server at {display_url(self.settings.base_url)} "
                       f"never answered a bootstrap or pull that went through ({self._last_trouble or 'see the log'})"
                       "; nothing was taken", file=sys.stderr)
                 return EXIT_INCOMPLETE
+            self._refresh(progress)  # the last progress lines, before the summary
             progress.stop()
             summary = self._summary(services, sandbox, time.monotonic() - started)
-            self.console.print(render_summary(summary, stats=self.stats))
+            status, verdict = self._verdict(summary, forced)
+            if self.json_summary:
+                document = summary_document(summary, exit_status=status, verdict=verdict)
+                sys.stdout.write(json.dumps(document, indent=2) + "\n")
+                sys.stdout.flush()
+            else:
+                self.console.print(render_summary(summary, stats=self.stats, results=self.own_sandbox),
+                                   soft_wrap=True)
             if self._swept:
                 self.console.print(f"({self._swept} settled items older than "
                                    f"{self.ledger_retention_seconds} s were swept from the state file; "
                                    "the summary counts the rest)", highlight=False, markup=False)
-            status = self._exit_status(summary, forced)
+            if verdict is not None:
+                self.console.print(verdict, highlight=False, markup=False)
         return status
 
     def _start_sandbox(self, cleanup: ExitStack) -> OwnSandbox:
@@ -275,11 +296,18 @@ class LocalRunner:
         return services, aws, scheduler, dispatcher
 
     def _banner(self, sandbox: OwnSandbox | None, aws: EmbeddedAws | None, names: list[str],
-                concurrency: int) -> list[str]:
+                concurrency: int, samples: SampleJobs | None = None) -> list[str]:
         settings = self.settings
+        notes: list[str] = []
         if sandbox is not None:
+            sources = sorted(set((samples.sources if samples is not None else {}).values()))
+            kind = "demo" if sources == ["the demo"] else "sample"
+            origin = "" if kind == "demo" or not sources else f" from {', '.join(sources)}"
             where = (f"{settings.protocol} sandbox (built in) at {sandbox.url}, "
-                     f"{sandbox.seeded} demo job{'s' if sandbox.seeded != 1 else ''}")
+                     f"{sandbox.seeded} {kind} job{'s' if sandbox.seeded != 1 else ''}{origin}")
+            for name in samples.missing if samples is not None else []:
+                notes.append(f"  no sample job for {name}: put its input in {SAMPLES_DIRECTORY}/{name}.json "
+                             "(a JSON object, or a list of them) and run again")
         else:
             transport = f", {settings.transport} transport" if settings.transport != "http" else ""
             where = f"{settings.protocol} server at {settings.base_url}{transport}"
@@ -294,6 +322,7 @@ class LocalRunner:
             f"instance {settings.instance_id}",
             f"  state: SQLite {state} · {machine}",
             f"  {stop}",
+            *notes,
         ]
         return lines
 
@@ -332,8 +361,7 @@ class LocalRunner:
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
         while not self._stop_requested.is_set():
             self._check_signals()
-            status = self._status()
-            progress.update(status)
+            self._refresh(progress)
             if metrics.totals["HandlerCannotFit"] > unfit_seen:
                 self._stop_unfit(services)
             quiet = self._observer.quiet_for()
@@ -363,7 +391,7 @@ class LocalRunner:
         if not self._wait(drainer, progress):
             return True
         dispatcher.close(wait=False)
-        progress.update(self._status())
+        self._refresh(progress)
         return self._hurry.is_set()
 
     @staticmethod
@@ -404,7 +432,7 @@ class LocalRunner:
             self._check_signals()
             if self._hurry.is_set():
                 return False
-            progress.update(self._status())
+            self._refresh(progress)
             thread.join(_POLL)
         return True
 
@@ -442,7 +470,9 @@ class LocalRunner:
                 failures += 1
                 self._server_errors += 1
                 self._last_trouble = f"{type(err).__name__}: {err}"
-                log.warning("scheduler tick failed (%s: %s); next tick in %.0f s", type(err).__name__, err,
+                log.warning("scheduler tick failed (%s: %s): nothing is lost (what it recorded is settled by the next "
+                            "tick's reaper; what it pulled and did not record the server hands out again); next "
+                            "tick in %.0f s", type(err).__name__, err,
                             min(10.0, 0.5 * 2 ** failures))
                 self._stop_requested.wait(min(10.0, 0.5 * 2 ** failures))
                 continue
@@ -507,7 +537,17 @@ class LocalRunner:
         process: the status line, four times a second, costs no DynamoDB read."""
         jobs = self._observer.jobs()
         return Status(taken=jobs.taken, running=jobs.running, done=jobs.done, failed=jobs.failed,
-                      handed_back=jobs.handed_back, discarded=jobs.discarded)
+                      handed_back=jobs.handed_back, discarded=jobs.discarded,
+                      progress=tuple(self._observer.running_progress(PROGRESS_SHOWN)))
+
+    def _refresh(self, progress: Progress) -> None:
+        """The status line redrawn, and each ``job.progress`` reported since the last
+        refresh logged once (its last value per job), at INFO beside the job's log lines."""
+        progress.update(self._status())
+        for entry in self._observer.progress_after(self._progress_logged):
+            _JOB_LOG.info("progress %s", progress_text(entry.value),
+                          extra={"job_id": entry.job_id, "handler": entry.handler})
+            self._progress_logged = max(self._progress_logged, entry.seq)
 
     def _deliveries_running(self) -> int:
         """Deliveries dispatched and not settled, an executor that failed every retry counted
@@ -584,31 +624,24 @@ class LocalRunner:
                          unusable=observer.unusable_answers(),
                          deliberate=sandbox.deliberate if sandbox is not None else None)
 
-    def _exit_status(self, summary: RunSummary, forced: bool) -> int:
+    def _verdict(self, summary: RunSummary, forced: bool) -> tuple[int, str | None]:
+        """The exit status, and the line that says why when it is not 0."""
         stop = self._stop
         if forced:
-            self.console.print("stopped without draining (second signal)", highlight=False, markup=False)
-            return EXIT_FORCED
+            return EXIT_FORCED, "stopped without draining (second signal)"
         if stop is not None and stop.exit_status is not None:
-            self.console.print(f"serverless-worker local: {stop.reason}", highlight=False, markup=False)
-            return stop.exit_status
+            return stop.exit_status, f"{ERROR_PREFIX}{stop.reason}"
         if not summary.definite:
             count = len(summary.unsettled)
-            self.console.print(f"serverless-worker local: {count} deliver{'y' if count == 1 else 'ies'} left "
-                               "without a definite outcome on the server (listed above)", highlight=False,
-                               markup=False)
-            return EXIT_INCOMPLETE
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}{count} deliver{'y' if count == 1 else 'ies'} left without a "
+                                     "definite outcome on the server (listed above)")
         if summary.unusable:
-            self.console.print(f"serverless-worker local: the server sent {sum(summary.unusable.values())} "
-                               "answers the worker could not use (listed above)", highlight=False, markup=False)
-            return EXIT_INCOMPLETE
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}the server sent {sum(summary.unusable.values())} answers "
+                                     "the worker could not use (listed above)")
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:
-            self.console.print(f"serverless-worker local: took {summary.taken} job(s) and ran none of them "
-                               "(see the log for why each went back)", highlight=False, markup=False)
-            return EXIT_INCOMPLETE
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}took {summary.taken} job(s) and ran none of them (see the "
+                                     "log for why each went back)")
         if not self._reached_server and self._server_errors:
-            self.console.print("serverless-worker local: the job server was never reached (see the log)",
-                               highlight=False, markup=False)
-            return EXIT_INCOMPLETE
-        return 0
+            return EXIT_INCOMPLETE, f"{ERROR_PREFIX}the job server was never reached (see the log)"
+        return 0, None

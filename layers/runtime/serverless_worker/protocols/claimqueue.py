@@ -195,7 +195,8 @@ class ClaimQueueClient(HttpProtocolClient):
                     alive = [d for d in collected if not self._lease_voided(d)]
                     if len(alive) < len(collected):
                         log.warning("work socket for %s dropped mid-pull; %d claimed items were re-queued "
-                                    "by the server and are dropped from this batch", queue,
+                                    "by the server, which hands them out again, and are dropped from this "
+                                    "batch unstarted: nothing is lost", queue,
                                     len(collected) - len(alive))
                     collected = alive
                     if isinstance(err, ServerUnavailableError) and not reconnected:

@@ -212,7 +212,8 @@ class ClaimQueueSocket:
         if self._conn is not None and self._conn_id is not None and self._conn.state is State.OPEN:
             return self._conn, self._conn_id
         if self._conn is not None:
-            log.info("work socket dropped; reconnecting (items leased on it were re-queued by the server)")
+            log.info("work socket dropped; reconnecting: the server re-queued the items leased on it and hands "
+                     "them out again, so no item is lost (only the work of a handler still running one)")
             self._drop()
         token = self._token.get_secret_value()
         try:

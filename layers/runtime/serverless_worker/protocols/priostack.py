@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ..logsafety import server_text
 from ..model import Delivery, Outcome, OutcomeKind, ReportReceipt, SessionState
+from ..textforms import coded_message
 from ._http import HttpResponse
 from ._paths import path_segment
 from .addressing import AddressTally
@@ -526,9 +527,7 @@ def _business_variables(outcome: Outcome) -> dict[str, Any]:
 
 
 def _error_message(outcome: Outcome, default: str) -> str:
-    message = outcome.message or default
-    text = f"{outcome.error_code}: {message}" if outcome.error_code else message
-    return text[:MAX_ERROR_MESSAGE]
+    return coded_message(outcome.error_code, outcome.message, default)[:MAX_ERROR_MESSAGE]
 
 
 def _retries(delivery: Delivery) -> int:

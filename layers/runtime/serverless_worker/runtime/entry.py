@@ -172,7 +172,8 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
             # The client retried the call as long as it could and gave up; the settling call is
             # noted on the ledger item, where the reaper takes it up at the noted time. Raising
             # would only have Lambda retry the same call again (docs/retries.md).
-            log.warning("delivery %s left to the reaper: %s", key, err)
+            log.warning("delivery %s left to the reaper, which settles it at the time noted on it (%s): nothing "
+                        "is lost", key, err)
             result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
         m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
     for pulled in result.get("self_pulled") or ():  # Jobs_<action> once per delivery, not per invocation

@@ -70,8 +70,8 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike, *,
             # The reaper (or a newer run) took the delivery over while this run was still
             # going, and has given it its outcome: ours must not be stored or reported. That
             # is settled, not a failure; raising would only make Lambda retry the event.
-            log.warning("run of %s was taken over before its outcome was stored; outcome dropped",
-                        ledger_key)
+            log.warning("run of %s was taken over (the reaper or a newer run owns it) before its outcome was "
+                        "stored: that outcome is lost; the owner settles the job", ledger_key)
             return {"ledger_key": ledger_key, "action": "superseded", **_ended(loop, "superseded")}
         except BaseException:
             _ended(loop, "pull_error")

@@ -90,7 +90,7 @@ class LeaseKeeper:
             if self._expires_at is not None and self._clock() >= self._expires_at - 1.0:
                 self._lose(f"lease expired without a confirmed renewal ({type(err).__name__})")
                 return False
-            log.warning("lease renewal failed, will retry before expiry: %s", err)
+            log.warning("lease renewal failed, tried again before the lease expires (nothing is lost yet): %s", err)
             return True
         self.renewals += 1
         if lease.expires_at is not None:
@@ -102,7 +102,9 @@ class LeaseKeeper:
         from .metrics import metrics
 
         metrics.add("LeasesLost", 1)
-        log.warning("lease lost for job %s: %s", self._delivery.job_id, reason)
+        log.warning("lease lost for job %s: %s; the handler is told to stop and nothing is reported for it (the "
+                    "server hands the job out again): only this run's work on it is lost", self._delivery.job_id,
+                    reason)
         self._events.add("job.lease_lost", f"job {self._delivery.job_id}: {reason}", level="WARN",
                          job_id=self._delivery.job_id)
         self._on_lost("lease_lost")

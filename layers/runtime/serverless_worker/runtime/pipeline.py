@@ -130,7 +130,8 @@ def store_if_owned(store: StateStore, key: str, epoch: str, outcome: Outcome, *,
     try:
         store_outcome(store, key, epoch, outcome, delivery=delivery)
     except StaleWriteError:
-        log.warning("run %s lost the delivery before storing its outcome", epoch)
+        log.warning("run %s no longer owns delivery %s (the reaper or a newer run took it over): its outcome "
+                    "was not stored, and is lost; the owner settles the job", epoch, key)
         return False
     return True
 
@@ -213,7 +214,8 @@ def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease
                              clock=services.clock).start()
     try:
         result = run_handler(spec, delivery, budget_seconds=budget, cancel_event=cancel,
-                             progress=progress_reporter(services.client, services.events, delivery, on_terminal=lost))
+                             progress=progress_reporter(services.client, services.events, delivery, on_terminal=lost,
+                                                        watcher=services.watcher))
     finally:
         if keeper is not None:
             keeper.stop()

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..model import Delivery
     from .events import EventBuffer
     from .protocol_client import ProtocolCaller
+    from .services import DeliveryWatcher
 
 __all__ = ["progress_reporter"]
 
@@ -26,11 +27,15 @@ log = logging.getLogger("serverless_worker.runtime")
 
 
 def progress_reporter(client: ProtocolCaller, events: EventBuffer, delivery: Delivery,
-                      on_terminal: Callable[[str], None] | None) -> Callable[[Any], None]:
+                      on_terminal: Callable[[str], None] | None,
+                      watcher: DeliveryWatcher | None = None) -> Callable[[Any], None]:
     """The ``progress`` callback for one run: one try through ``client``'s protocol, and
-    ``events`` told of a job finished elsewhere; ``on_terminal(why)`` cancels it."""
+    ``events`` told of a job finished elsewhere; ``on_terminal(why)`` cancels it. ``watcher``
+    (the local runner's) is told of every value, whether the protocol has progress or not."""
 
     def report(value: Any) -> None:
+        if watcher is not None:
+            watcher.progress(delivery, value)
         try:
             client.protocol.progress(delivery, value)
         except ResultNotAcceptedError as err:

@@ -123,10 +123,13 @@ class ProtocolClient:
             except SessionRecoveryPausedError as paused:
                 log.info("worker session rejected; not re-bootstrapping yet: %s", paused)
                 raise
-            log.warning("worker session rejected; recovered")
-            self._events().add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped",
+            self._events().add("worker.session_recovered", "worker session expired or replaced; re-bootstrapped and "
+                               "the call made again: nothing lost",
                                level="WARN")
-            return fn(self.protocol)
+            result = fn(self.protocol)
+            log.warning("the job server rejected the worker session (it expired, or another bootstrap replaced "
+                        "it); a new session was opened and the call made again on it: nothing was lost")
+            return result
         except InvalidApiKeyError:
             if not self._refresh_credential():
                 raise
@@ -149,7 +152,8 @@ class ProtocolClient:
         fresh = self._read_credential(True)
         if old is not None and fresh.get_secret_value() == old.get_secret_value():
             return False
-        log.warning("API key rejected; using the re-read key")
+        log.warning("the job server rejected the API key; the key was read again (it had changed) and the "
+                    "call is made again with it: nothing is lost")
         with self._lock:
             if self._protocol is not None:
                 self._protocol.close()

@@ -116,12 +116,26 @@ def reap(services: Services, *, limit: int = 50, grace: float = 30.0) -> ReapRep
                 report.resettled += 1
         except ServerlessWorkerError as err:
             report.failed += 1
-            log.warning("could not reap %s: %s", item.key, err)
+            log.warning("could not reap %s (%s); the next tick's reaper tries again (nothing is lost yet)",
+                        item.key, err)
     if report.total:
-        services.events.add("worker.reaped", f"settled {report.total} stranded deliveries", level="WARN",
+        services.events.add("worker.reaped", f"settled {report.total} stranded deliveries: {_reaped(report)}",
+                            level="WARN",
                             handed_back=report.handed_back, timed_out=report.timed_out,
                             resettled=report.resettled, abandoned=report.abandoned)
     return report
+
+
+def _reaped(report: ReapReport) -> str:
+    """What became of the stranded deliveries, and what was lost: only the work of a run that
+    stopped before storing its outcome (reported as timed out) and the outcomes given up on."""
+    parts = [f"{n} {what}" for n, what in (
+        (report.handed_back, "handed back unstarted"),
+        (report.timed_out, "reported as timed out (the work of their stopped run is lost)"),
+        (report.resettled, "stored outcomes reported again"),
+        (report.abandoned, "given up on (left to the server's own timeout)")) if n]
+    lost = "" if report.timed_out or report.abandoned else "; nothing was lost"
+    return ", ".join(parts) + lost
 
 
 def _lease_untaken(settler: Settler, item: LedgerItem) -> bool:
@@ -141,11 +155,14 @@ def _abandon(services: Services, item: LedgerItem) -> int:
     if item.status is LedgerStatus.REPORTED:
         # The server has the outcome; only the acknowledgement never went through.
         done = services.store.mark_acknowledged(item.key)
+        cost = "the server has its outcome, only the acknowledgement is missing: nothing is lost"
     else:
         done = services.store.mark_abandoned(item.key, why)
+        cost = ("the job is left to the server's own timeout, which hands it out again; what this worker had "
+                "for it is lost")
     if done:
         metrics.add("SettleAbandoned", 1)
-        log.error("delivery %s of job %s %s", item.key, item.delivery.job_id, why)
+        log.error("delivery %s of job %s %s; %s", item.key, item.delivery.job_id, why, cost)
         services.events.add("job.settle_abandoned", f"job {item.delivery.job_id} {why}", level="ERROR",
                             job_id=item.delivery.job_id, status=str(item.status))
     return int(done)

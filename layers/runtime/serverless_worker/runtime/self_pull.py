@@ -316,11 +316,13 @@ class SelfPull:
             action = settlement.action
             self.after(settlement)
         except StaleWriteError:
-            log.warning("self-pulled run of %s was taken over; outcome dropped", key)
+            log.warning("self-pulled run of %s was taken over (the reaper or a newer run owns it): its outcome was "
+                        "not stored, and is lost; the owner settles the job", key)
             action = "superseded"
             self._stop("superseded")
         except CLIENT_RETRIED as err:
-            log.warning("self-pulled delivery %s left to the reaper: %s", key, err)
+            log.warning("self-pulled delivery %s left to the reaper, which settles it at the time noted on it "
+                        "(%s): nothing is lost", key, err)
             action = "deferred"
             self._stop("deferred")
         finally:

@@ -54,6 +54,10 @@ class DeliveryWatcher(Protocol):
         """The delivery of ``job_id`` could not be recorded nor given an outcome
         (``runtime/poison.py``): left to the server's timeout, never to be settled by this run."""
 
+    def progress(self, delivery: Delivery, value: Any) -> None:
+        """The handler reported ``value`` through ``job.progress`` (on the handler's thread:
+        keep it, format it later)."""
+
 
 @dataclass
 class Services:

@@ -139,7 +139,8 @@ def acquire(services: Services, event: AcquireEvent, context: LambdaContextLike)
         return _done(reason=refusal.reason, epoch=epoch)
     except ProtocolError as err:
         if handover:  # unknown whether the renewal went through: the renew loop tries again
-            log.warning("lease refresh at handover failed; the renew loop retries: %s", err)
+            log.warning("lease refresh at handover failed; the renew loop tries again before the lease expires "
+                        "(nothing is lost yet): %s", err)
             lease = Lease()
         else:
             # Unknown whether we hold the lease; the handler has not started: handing back is safe.
@@ -215,7 +216,8 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         result = run_handler(spec, item.delivery, budget_seconds=budget, cancel_event=cancel,
                              checkpoint=item.checkpoint,
                              progress=progress_reporter(services.client, services.events, item.delivery,
-                                                        on_terminal=lambda _: cancel.set()))
+                                                        on_terminal=lambda _: cancel.set(),
+                                                        watcher=services.watcher))
     finally:
         watcher.stop()
     if result.continuation is None:
@@ -229,7 +231,8 @@ def run_slice(services: Services, event: RunSliceEvent, context: LambdaContextLi
         store.save_checkpoint(key, epoch, result.continuation.checkpoint)
         cycles = store.renew_deadline(key, epoch, deadline=services.clock() + _grace(services))
     except StaleWriteError:
-        log.warning("run %s lost the delivery at a slice boundary", epoch)
+        log.warning("run %s no longer owns delivery %s at a slice boundary (the reaper or a newer run took it "
+                    "over): this slice's checkpoint is lost; the owner settles the job", epoch, key)
         return _slice()
     except PayloadTooLargeError as err:
         store_if_owned(store, key, epoch, Outcome(kind=OutcomeKind.FAILURE, error_code="CHECKPOINT_TOO_LARGE",
@@ -275,7 +278,7 @@ def start_callback(services: Services, event: StartCallbackEvent, context: Lambd
                              report_margin=services.settings.report_margin_seconds)
     result = run_handler(spec, item.delivery, budget_seconds=budget, callback_token=token,
                          progress=progress_reporter(services.client, services.events, item.delivery,
-                                                    on_terminal=None))
+                                                    on_terminal=None, watcher=services.watcher))
     outcome = result.outcome
     if outcome is None or outcome.kind is not OutcomeKind.SUCCESS:
         outcome = outcome or Outcome(kind=OutcomeKind.FAILURE, error_code="INVALID_RESULT",
@@ -325,7 +328,8 @@ def renew(services: Services, event: RenewEvent, context: LambdaContextLike) -> 
         except LeaseRefusedError as refusal:
             return _renewal_refused(services, item, epoch, refusal)
         except ProtocolError as err:
-            log.warning("renewal failed; will retry at the next cycle: %s", err)
+            log.warning("renewal failed; tried again at the next cycle, before the lease expires (nothing is lost "
+                        "yet): %s", err)
     if item.callback_token:
         _callback_heartbeat(services, item.callback_token)
     try:
@@ -516,7 +520,8 @@ def _callback_heartbeat(services: Services, token: str) -> None:
         if not services.dispatch.heartbeat_task(token):
             log.info("callback heartbeat not sent: the task already ended")
     except DispatchError as err:
-        log.warning("callback heartbeat failed; the next cycle sends another: %s", err)
+        log.warning("callback heartbeat failed; the next cycle sends another (nothing is lost yet: the task's "
+                    "heartbeat timeout spans several cycles): %s", err)
 
 
 class _CancelWatcher:

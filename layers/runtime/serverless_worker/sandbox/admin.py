@@ -31,33 +31,91 @@ def server_state(protocol: str, job: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class JobView:
     """One job of ``SandboxAdmin.jobs()`` as a user reads it, whichever sandbox: the id the
-    handler saw, the handler, its state on the server, and what the worker sent back."""
+    handler saw, the handler, its state on the server, how many times it was handed out,
+    and what the worker sent back: the result, or the error's code and whole message (a
+    business error's details too)."""
 
     job_id: str
     handler: str
     state: str
     result: Any = None      # the result the worker reported (Priostack: the process variables)
-    error: str | None = None
+    code: str | None = None      # the error code of a failure or a business error
+    message: str | None = None   # and its message, in full
+    details: Any = None          # a business error's variables
+    attempts: int | None = None  # deliveries of the job (attempts), duplicates left out
 
 
 def job_view(job: dict[str, Any]) -> JobView:
     """A record of any sandbox's ``GET /_admin/jobs`` as a :class:`JobView` (each sandbox
     names its fields its own way: Pipelogiq ``job_id``, Priostack ``key``, claim queue ``id``)."""
-    if "stageName" in job:  # Pipelogiq: a stage; its output is the result's JSON text
-        output = job.get("output")
-        try:
-            result = json.loads(output) if isinstance(output, str) else output
-        except ValueError:
-            result = output
-        return JobView(job_id("pipelogiq", job), str(job.get("handler")),
-                       server_state("pipelogiq", job), result, job.get("errorCode"))
-    if "key" in job:  # Priostack: a completion merges its variables into the process instance's
-        instance = job.get("instance") or {}
-        state = server_state("priostack", job)
-        return JobView(job_id("priostack", job), str(job.get("type")), state,
-                       instance.get("variables") if state == "completed" else None, job.get("error_message"))
-    return JobView(job_id("claimqueue", job), str(job.get("queue")), server_state("claimqueue", job),
-                   job.get("result"), job.get("error"))
+    if "stageName" in job:
+        return _pipelogiq_view(job)
+    if "key" in job:
+        return _priostack_view(job)
+    return _claimqueue_view(job)
+
+
+def _pipelogiq_view(job: dict[str, Any]) -> JobView:
+    """A stage: its output is the result's JSON text; an error's message is the last result
+    the worker sent (a business rejection's is JSON: code, message, variables)."""
+    output = job.get("output")
+    code = job.get("errorCode")
+    message: str | None = None
+    details: Any = None
+    if code is not None:
+        sent = next((event.get("result") for event in reversed(job.get("history") or [])
+                     if event.get("event") == "result_received" and event.get("isSuccess") is False), None)
+        rejection = _json(sent) if isinstance(sent, str) else sent
+        if isinstance(rejection, dict) and "code" in rejection:
+            code, message, details = rejection.get("code"), rejection.get("message"), rejection.get("variables")
+        elif sent is not None:
+            message = sent if isinstance(sent, str) else json.dumps(sent)
+    attempts = len(job.get("executions") or []) or job.get("attempt")
+    return JobView(job_id("pipelogiq", job), str(job.get("handler")), server_state("pipelogiq", job),
+                   _json(output) if isinstance(output, str) else output, code, message, details,
+                   int(attempts) if attempts is not None else None)
+
+
+def _priostack_view(job: dict[str, Any]) -> JobView:
+    """A service task: a completion merges its variables into the process instance's (the
+    result); a business rejection is a completion whose variables carry ``errorCode`` and
+    ``errorMessage``; a failure says its ``errorMessage``."""
+    instance = job.get("instance") or {}
+    state = server_state("priostack", job)
+    variables = instance.get("variables") if state == "completed" else None
+    code = message = details = None
+    completed = next((call.get("body") or {} for call in reversed(job.get("calls") or [])
+                      if call.get("action") == "complete" and call.get("applied")), {})
+    sent = completed.get("variables") if isinstance(completed, dict) else None
+    if isinstance(sent, dict) and "errorCode" in sent:
+        code, message = sent.get("errorCode"), sent.get("errorMessage")
+        details = {k: v for k, v in sent.items() if k not in ("errorCode", "errorMessage")} or None
+    elif job.get("error_message") is not None:
+        message = job.get("error_message")  # the worker's "CODE: message" (the state says incident)
+    attempts = sum(1 for activation in job.get("activations") or [] if not activation.get("duplicate"))
+    return JobView(job_id("priostack", job), str(job.get("type")), state, variables, code, message, details,
+                   attempts)
+
+
+def _claimqueue_view(job: dict[str, Any]) -> JobView:
+    """An item: its result record, whose ``error`` and ``errorCode`` say a failure."""
+    result = job.get("result")
+    code = message = details = None
+    if isinstance(result, dict) and "error" in result:
+        code, message = result.get("errorCode"), result.get("error")
+        details = {k: v for k, v in result.items() if k not in ("error", "errorCode")} or None
+    elif job.get("error") is not None:
+        message = str(job.get("error"))
+    attempts = job.get("attempts")
+    return JobView(job_id("claimqueue", job), str(job.get("queue")), server_state("claimqueue", job), result,
+                   code, message, details, int(attempts) if attempts is not None else None)
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class SandboxAdmin:

@@ -41,7 +41,7 @@ from .items import attributes_size, attributes_size_bound, dumps, encoded_docume
 from .keys import DEADLINE, ITEM_MAX_BYTES, PK, SCOPE, SK, TTL, sort_key_for
 from .rules import FINAL_RETENTION_SECONDS
 
-__all__ = ["SqliteStateStore"]
+__all__ = ["SqliteStateStore", "read_ledger_documents"]
 
 log = logging.getLogger("serverless_worker.state")
 
@@ -91,6 +91,30 @@ def _named_parameters(expression: str, count: int) -> str:
     for i in range(count):
         expression = expression.replace("?", f":p{i}", 1)
     return expression
+
+
+def read_ledger_documents(path: str | Path) -> list[dict[str, Any]]:
+    """Every delivery item of the state file at ``path``, opened read-only: nothing is
+    created, migrated or swept, so it can be read while a worker runs on it
+    (``serverless-worker ledger``); StateStoreError when it cannot be read."""
+    try:
+        connection = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
+    except sqlite3.Error as err:
+        raise StateStoreError(f"SQLite state file {path}: cannot open: {err}") from err
+    try:
+        return _ledger_scan(connection, str(path), None)
+    finally:
+        connection.close()
+
+
+def _ledger_scan(connection: sqlite3.Connection, path: str, updated_since: float | None) -> list[dict[str, Any]]:
+    where = f" AND (scope IS NOT NULL OR {_attr('updated_at')} >= :since)" if updated_since is not None else ""
+    try:
+        rows = connection.execute(f"SELECT doc FROM items WHERE pk >= 'delivery#' AND pk < 'delivery$'{where}",
+                                  {"since": updated_since}).fetchall()
+    except sqlite3.Error as err:
+        raise StateStoreError(f"SQLite state store scan of {path} failed: {err}") from err
+    return [dict(json.loads(row[0])) for row in rows]
 
 
 def _attr(name: str) -> str:
@@ -441,7 +465,8 @@ class SqliteStateStore(StateStore):
         if not wait:
             self._count("write")
             self._writes.submit(write, lambda err: log.warning(
-                "SQLite state store %s: %s of %s was not saved (%s: %s); the next start settles it again",
+                "SQLite state store %s: %s of %s was not saved (%s: %s); the next start on this file settles "
+                "that delivery again from what was saved: nothing is lost",
                 self.path, what, pk, type(err).__name__, err))
             return {}
         return self._write(write)
@@ -537,14 +562,7 @@ class SqliteStateStore(StateStore):
         at or after ``updated_since`` (one run's share of a file kept across runs). A scan,
         so not in the contract: only the local summary reads it, once, at the end."""
         self._count("read")
-        where = f" AND (scope IS NOT NULL OR {_attr('updated_at')} >= :since)" if updated_since is not None else ""
-        try:
-            rows = self._connection().execute(
-                f"SELECT doc FROM items WHERE pk >= 'delivery#' AND pk < 'delivery$'{where}",
-                {"since": updated_since}).fetchall()
-        except sqlite3.Error as err:
-            raise StateStoreError(f"SQLite state store scan of {self.path} failed: {err}") from err
-        return [dict(json.loads(row[0])) for row in rows]
+        return _ledger_scan(self._connection(), self.path, updated_since)
 
     # -- the file's own facts (not in the contract: DynamoDB's table belongs to one stack) --
     def read_meta(self, name: str) -> str | None:

@@ -158,6 +158,23 @@ class DynamoStateStore(StateStore):
     def _pack_delivery(self, record: dict[str, Any], job_id: str) -> Any:
         return pack_document(record, job_id=job_id)
 
+    # -- not in the contract ------------------------------------------------------------
+    def ledger_documents(self) -> list[dict[str, Any]]:
+        """Every delivery item's attributes: a consistent Scan of the whole table, every page,
+        filtered on the key's ``delivery#`` prefix. Not for the worker's paths (its cost grows
+        with the table): ``serverless-worker ledger`` reads it when a user asks."""
+        text, names, used = _condition(StartsWith(PK, "delivery#"))
+        request: dict[str, Any] = {"FilterExpression": text, "ConsistentRead": True,
+                                   **_placeholders(names, _bind(used, {}))}
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self._call("read", "scan", "delivery#", request)
+            assert page is not None  # a scan has no condition to refuse
+            found.extend(from_item(item) for item in page.get("Items", []))
+            if "LastEvaluatedKey" not in page:
+                return found
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
     # -- requests ----------------------------------------------------------------------
     def _key(self, pk: str) -> dict[str, Any]:
         return {PK: {"S": pk}, SK: {"S": sort_key_for(pk)}}
