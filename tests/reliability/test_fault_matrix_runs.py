@@ -109,7 +109,7 @@ def _dispatch_all(env: Env, count: int, tries: int = 3) -> None:
     reports: list[dict[str, Any]] = []
     while len(reports) < tries and sum(r["dispatched"] for r in reports) < count:
         reports.append(env.tick(2.0))
-    env.stack.wait_idle(15)
+    env.stack.wait_idle()
     assert sum(r["dispatched"] for r in reports) == count, reports
 
 
@@ -261,7 +261,7 @@ def _work_until_stuck(env: Any, jobs: int, ticks: int = 6) -> list[dict[str, Any
     reports: list[dict[str, Any]] = []
     for _ in range(ticks):
         reports.append(env.tick(2.0))
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         if len({item.delivery.job_id for item in ledger(env)}) >= jobs or reports[-1]["pulled"] == 0:
             return reports
     raise AssertionError(f"still pulling after {ticks} ticks: {ledger(env)}; {reports}")
@@ -297,7 +297,7 @@ def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch:
         for item in killed:
             answer = retry_invocation(env, _request_id(item))
             assert answer.get("action") != "reported" or answer.get("ledger_key") != item.key, answer
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         assert not env.stack.lambdas.background_errors, env.stack.lambdas.background_errors
     for item in ledger(env):
         if item.key in {k.key for k in killed} and item.status is LedgerStatus.RUNNING:
@@ -353,7 +353,7 @@ def _killed_self_pulled_between_storing_and_reporting(worker_env: Any, recorder:
     assert set(stored) == set(crashed), (stored, crashed)
     for key in crashed:  # Lambda retries the dead invocation: its first delivery is final
         retry_invocation(env, _request_id(stored[key]))
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
     for item in ledger(env):
         if item.status is LedgerStatus.OUTCOME_STORED:
             backdate(env, item.key)
@@ -525,11 +525,11 @@ def test_handler_runs_past_its_budget(worker_env: Any, fault_runs: Any, protocol
 
         assert len(abandoned()) == 3  # still running after every executor returned
         fault_runs.release.set()  # they return now; their values must go nowhere
-        wait_for(lambda: not abandoned(), 10, "the abandoned handler threads to end")
+        wait_for(lambda: not abandoned(), what="the abandoned handler threads to end")
     if protocol == "claimqueue":
-        wait_for(lambda: _settled(env), 15, "the queue's timeout to end the lapsed items")
+        wait_for(lambda: _settled(env), what="the queue's timeout to end the lapsed items")
     else:
-        wait_for(lambda: _settled(env), 5, "the timeout results to apply")
+        wait_for(lambda: _settled(env), what="the timeout results to apply")
 
     observed = _finish(f"handler past its budget ({kind})", env, fault_runs.counts(),
                        BUDGET_OUTCOME[protocol]
@@ -567,7 +567,7 @@ def test_lease_refused_mid_run(worker_env: Any, fault_runs: Any, protocol: str) 
 
     _executions_started(env, 2)
     if protocol == "pipelogiq":
-        wait_for(lambda: all(_history(j, "lease_renewed") for j in env.admin.jobs()), 15, "a first renewal")
+        wait_for(lambda: all(_history(j, "lease_renewed") for j in env.admin.jobs()), what="a first renewal")
         for job in env.admin.jobs():
             _revoke(env, job["job_id"])
     run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=12, settle=1.0)
@@ -624,10 +624,10 @@ def test_redelivery_during_a_long_job(worker_env: Any, fault_runs: Any, protocol
 
     reports = _executions_started(env, 2)
     if protocol == "pipelogiq":
-        wait_for(lambda: all(_history(j, "visibility_requeue") for j in env.admin.jobs()), 10,
-                 "the visibility timeout to requeue both deliveries")
+        wait_for(lambda: all(_history(j, "visibility_requeue") for j in env.admin.jobs()),
+                 what="the visibility timeout to requeue both deliveries")
     elif protocol == "priostack":
-        wait_for(lambda: sum(fault_runs.counts().values()) == 2, 10, "both handlers to start")
+        wait_for(lambda: sum(fault_runs.counts().values()) == 2, what="both handlers to start")
         restart = requests.post(f"{env.server.url}/_admin/restart", timeout=5)
         restart.raise_for_status()
         assert len(restart.json()["requeued"]) == 2, restart.json()

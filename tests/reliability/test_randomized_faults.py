@@ -227,7 +227,7 @@ def retry_failed_invocations(env: Any) -> int:
     for key in keys:
         env.stack.lambda_client.invoke(FunctionName=env.stack.function_names["ExecutorFunction"],
                                        InvocationType="Event", Payload=json.dumps({"ledger_key": key}).encode())
-    env.stack.wait_idle(60)
+    env.stack.wait_idle()
     return len(keys)
 
 
@@ -243,7 +243,7 @@ def drive(env: Any, runs: Any) -> tuple[Observed, dict[str, int]]:
         started = time.monotonic()
         report = env.tick(WINDOW)
         facts["duplicates"] += report["duplicates"]
-        env.stack.wait_idle(60)
+        env.stack.wait_idle()
         facts["invocations_retried"] += retry_failed_invocations(env)
         still_open = open_jobs(env)
         print(f"tick {tick}: {time.monotonic() - started:.1f}s pulled {report['pulled']} duplicates "
@@ -251,7 +251,7 @@ def drive(env: Any, runs: Any) -> tuple[Observed, dict[str, int]]:
               + (f"; stopped {report.get('stopped')} unfit {report.get('unfit')} errors {report['errors'][:2]}"
                  if not report["pulled"] else ""))
         if not still_open:
-            wait_for(lambda: results_applied(env), timeout=30, what="every result received applied or fenced")
+            wait_for(lambda: results_applied(env), what="every result received applied or fenced")
             observed = observe(env, runs.counts())
             if settled(observed):
                 break
