@@ -120,7 +120,7 @@ def _drive(env: Env, *, ticks: int = 5, window: float = 1.5, settle: float = 1.5
             reports.append(env.tick(window))
         except AssertionError as err:  # WorkerStack.invoke: the function returned an error
             failures.append(str(err)[:200])
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         if poll(lambda: until(env), settle, interval=0.1):
             return reports, failures
     return reports, failures
@@ -432,16 +432,21 @@ def test_session_expires_mid_run(worker_env: Any, recorder: Any, protocol: str) 
 
 @pytest.mark.parametrize("protocol", ["pipelogiq"])
 def test_session_replaced_mid_run(worker_env: Any, recorder: Any, protocol: str) -> None:
-    env = _env(worker_env, protocol, handlers=("e2e.slow",))
-    _seed(env, 4, sleep=1.5, failing=False)
+    # Handlers held running until the intruder has bootstrapped: the four run at once
+    # however slowly their executors start, and each one's next call meets the new token.
+    env = _env(worker_env, protocol, handlers=("e2e.gate",))
+    _seed(env, 4, failing=False, handler="e2e.gate")
 
     def replace() -> None:
         # Another bootstrap of the same instance while the executors run: every holder of
         # the old token gets 401 "worker session replaced".
-        if recorder.wait_active(4, 10):
-            requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
-                          headers={"X-API-Key": "sandbox-api-key"},
-                          json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
+        try:
+            if recorder.wait_active(4):
+                requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
+                              headers={"X-API-Key": "sandbox-api-key"},
+                              json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
+        finally:
+            recorder.release.set()  # the handlers return (and report with the replaced token)
 
     intruder = threading.Thread(target=replace, daemon=True)
     intruder.start()
@@ -508,7 +513,7 @@ def test_overlapping_ticks(worker_env: Any, recorder: Any, protocol: str) -> Non
             thread.start()
         for thread in ticks:
             thread.join(30)
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         _drive(env, ticks=4, window=2.0)
     finally:
         stop.set()
