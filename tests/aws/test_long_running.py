@@ -50,13 +50,12 @@ def _long_handlers() -> Iterator[None]:
 
 @pytest.fixture
 def long_env(worker_env: Callable[..., Env]) -> Callable[..., Env]:
-    """An env loading handlers_long. Pipelogiq leases last 10 s unless a test asks for the
-    3 s lease it is about: a loaded CI box must not lose leases the test is not about."""
+    """An env loading handlers_long. Pipelogiq leases last the tier's 10 s unless a test asks
+    for the 3 s lease it is about: a loaded CI box must not lose leases the test is not about."""
 
     def make(protocol: str, handlers: list[str], sandbox: dict[str, Any] | None = None,
              **options: Any) -> Env:
-        config = {**({"lease_seconds": 10} if protocol == "pipelogiq" else {}), **(sandbox or {})}
-        return worker_env(protocol, handlers=handlers, handler_module="handlers_long", sandbox=config,
+        return worker_env(protocol, handlers=handlers, handler_module="handlers_long", sandbox=sandbox,
                           **options)
 
     return make
