@@ -39,7 +39,7 @@ from aws.e2e_support import (
 )
 from reliability.conftest import HANDLERS, handlers_module
 from reliability.invariants import Observed, check, observe, record_na, record_row
-from reliability.paths import PATHS, retry_invocation, scenario, settings, watch_record_running
+from reliability.paths import PATHS, claim_lease, retry_invocation, scenario, settings, watch_record_running
 from serverless_worker.model import DispatchMode, LedgerStatus, OutcomeKind
 
 pytestmark = pytest.mark.aws
@@ -128,10 +128,13 @@ def _lambda_retry(env: Env, key: str) -> dict[str, Any]:
 
 
 # -- 1. an executor killed mid-handler ----------------------------------------------------------------------
-# Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
-# lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
-# a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load.
-KILLED_SANDBOX = {"pipelogiq": {"lease_seconds": 20}, "claimqueue": {"lease_seconds": 5}}
+def killed_sandbox(protocol: str, path: str) -> dict[str, Any] | None:
+    """Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
+    lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
+    a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load;
+    on the self-pull path one its handler's whole 2.5 s timeout fits (``claim_lease``)."""
+    return {"pipelogiq": {"lease_seconds": 20},
+            "claimqueue": {"lease_seconds": claim_lease(path, 5)}}.get(protocol)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -147,7 +150,7 @@ def test_executor_killed_mid_handler(worker_env: Any, recorder: Any, monkeypatch
     if path == "self-pull":
         _killed_mid_self_pulled_handler(worker_env, recorder, monkeypatch, protocol, recovery)
         return
-    sandbox = KILLED_SANDBOX.get(protocol)
+    sandbox = killed_sandbox(protocol, path)
     env = worker_env(protocol, handlers=["e2e.die"], handler_module=HANDLERS_PATH, sandbox=sandbox,
                      settings=settings(path))
     env.seed("e2e.die", [{"n": i} for i in range(3)], maxRetries=1, retryInterval=0)  # Priostack: retries 3
@@ -275,7 +278,7 @@ def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch:
     final) and so cannot settle the self-pulled one: the reaper does, once its deadline passed,
     as a timeout without running the handler; the server's retry runs it again."""
     env = worker_env(protocol, handlers=["e2e.die-self-pulled"], handler_module=HANDLERS_PATH,
-                     sandbox=KILLED_SANDBOX.get(protocol), settings=settings("self-pull", **SELF_PULL))
+                     sandbox=killed_sandbox(protocol, "self-pull"), settings=settings("self-pull", **SELF_PULL))
     armed = threading.Event()
     armed.set()
 
@@ -399,7 +402,7 @@ def test_executor_killed_after_recording_a_self_pulled_delivery(worker_env: Any,
     without running anything, and the server's retry (Pipelogiq maxRetries 1, Priostack
     retries, the claim queue's lease lapse) runs the job once."""
     env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH,
-                     sandbox=KILLED_SANDBOX.get(protocol),
+                     sandbox=killed_sandbox(protocol, "self-pull"),
                      settings=settings("self-pull", **SELF_PULL))
     store = env.stack.store()
     pending: dict[int, str] = {}  # invocation thread -> the job it recorded and has not run yet
@@ -455,7 +458,7 @@ def test_executor_killed_during_the_hand_over(worker_env: Any, recorder: Any, mo
     before N's final write. The reaper finishes N (its report is repeated and found applied)
     and settles N+1 as a timeout without running it; the server's retry runs N+1 once."""
     env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH,
-                     sandbox=KILLED_SANDBOX.get(protocol),
+                     sandbox=killed_sandbox(protocol, "self-pull"),
                      settings=settings("self-pull", **SELF_PULL))
     killed: list[str] = []
     lock = threading.Lock()
