@@ -444,7 +444,7 @@ def test_the_handlers_own_timeout_caps_the_budget() -> None:
     outcome = run(lambda job: job.wait(30), budget=30, spec_options={"timeout": BUDGET}).outcome
 
     assert outcome is not None and outcome.kind is OutcomeKind.TIMEOUT
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # the handler's 0.2 s timeout, not the 30 s budget
 
 
 @pytest.mark.parametrize("budget", [0, -1, math.nan])
@@ -492,7 +492,7 @@ def test_external_cancellation_stops_the_handler_with_its_reason(reason: str, ki
     assert (outcome.kind, outcome.error_code) == (kind, code)
     assert seen == [True, reason]
     assert result.started is True
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # the cancel, not the 30 s wait
 
 
 def test_a_plain_event_reads_as_lease_lost(release: threading.Event) -> None:
