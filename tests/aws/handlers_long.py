@@ -15,9 +15,12 @@ import boto3
 
 from serverless_worker import Continue, Job, handler
 
-__all__ = ["RUNS", "callback", "pages", "patient_callback", "runs_of", "steady"]
+__all__ = ["FIRST_SLICE_RELEASE", "RUNS", "callback", "pages", "patient_callback", "runs_of", "steady"]
 
 RUNS: list[dict[str, Any]] = []
+# Ends a long-pages first slice that waits for it (``first_slice_until_released``): the test
+# sets it at a counted point (so many renewals), never after a time.
+FIRST_SLICE_RELEASE = threading.Event()
 _lock = threading.Lock()
 _sfn: list[Any] = []
 
@@ -57,13 +60,19 @@ def steady(job: Job[Any]) -> Any:
 def pages(job: Job[Any]) -> Any:
     """One page per slice: ``Continue`` with the pages so far until all are done.
 
-    ``first_slice_seconds`` makes the first slice slow (renewals pile up meanwhile);
-    ``delay`` asks for a pause between slices.
+    ``first_slice_seconds`` makes the first slice slow (renewals pile up meanwhile), and
+    ``first_slice_until_released`` holds it until the test sets ``FIRST_SLICE_RELEASE`` (at
+    most 60 s); ``delay`` asks for a pause between slices.
     """
     _record(job)
     state = job.checkpoint or {"page": 0, "parts": []}
     if state["page"] == 0 and job.input.get("first_slice_seconds"):
         job.wait(float(job.input["first_slice_seconds"]))
+        job.raise_if_cancelled()
+    if state["page"] == 0 and job.input.get("first_slice_until_released"):
+        end = time.monotonic() + 60.0  # only bounds a hang
+        while not FIRST_SLICE_RELEASE.wait(0.1) and time.monotonic() < end:
+            job.raise_if_cancelled()
         job.raise_if_cancelled()
     page = state["page"] + 1
     parts = [*state["parts"], f"{job.input.get('tag', 'p')}-{page}"]

@@ -45,6 +45,7 @@ def _long_handlers() -> Iterator[None]:
     """Only this module's handlers, and a fresh run record, for each test."""
     with default_registry.isolated():
         handlers_long.RUNS.clear()
+        handlers_long.FIRST_SLICE_RELEASE.clear()
         yield
 
 
@@ -417,9 +418,20 @@ def test_the_run_continues_as_a_new_execution_before_the_history_fills_up(
     monkeypatch.setattr(steps, "MAX_RENEW_CYCLES", 4)
     short_lease = {"lease_seconds": 5} if protocol == "pipelogiq" else None  # shorter than the job
     env = long_env(protocol, ["long-pages"], sandbox=short_lease)
-    # The first slice lasts 5+ renew cycles, so the run hands over at its boundary; the fast
-    # slices of the continued execution stay far below the limit.
-    env.seed("long-pages", [{"pages": 3, "tag": "h", "first_slice_seconds": 6}])
+    # The first slice lasts until the renew loop has made 5 cycles (counted, not timed: a
+    # loaded machine's cycles take longer than their 1 s Wait), so the run hands over at its
+    # boundary; the fast slices of the continued execution stay far below the limit.
+    store = env.stack.store()
+    real_renew = store.renew_deadline
+
+    def renew_deadline(*args: Any, **kwargs: Any) -> int:
+        renewals = real_renew(*args, **kwargs)
+        if renewals >= steps.MAX_RENEW_CYCLES + 1:
+            handlers_long.FIRST_SLICE_RELEASE.set()
+        return renewals
+
+    monkeypatch.setattr(store, "renew_deadline", renew_deadline)
+    env.seed("long-pages", [{"pages": 3, "tag": "h", "first_slice_until_released": True}])
 
     dispatch(env)
     first, second = wait_for(lambda: len(env.stack.executions()) == 2 and executions(env),
