@@ -45,7 +45,7 @@ def _long_handlers() -> Iterator[None]:
     """Only this module's handlers, and a fresh run record, for each test."""
     with default_registry.isolated():
         handlers_long.RUNS.clear()
-        handlers_long.FIRST_SLICE_RELEASE.clear()
+        handlers_long.RELEASE.clear()
         yield
 
 
@@ -74,6 +74,22 @@ def dispatch(env: Env, count: int = 1, tries: int = 4) -> None:
 
 def wait_for(check: Callable[[], Any], timeout: float = HANG_SECONDS, what: str = "condition") -> Any:
     return poll(check, timeout, what, interval=0.1)
+
+
+def release_after_renewals(env: Env, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """Set ``handlers_long.RELEASE`` once the run's deadline has been renewed ``count`` times
+    (the renew loop's cycles, and each slice's end): a handler waiting for it works through
+    that many renewals, however long a loaded machine takes for each."""
+    store = env.stack.store()
+    real = store.renew_deadline
+
+    def renew_deadline(*args: Any, **kwargs: Any) -> int:
+        renewals = int(real(*args, **kwargs))
+        if renewals >= count:
+            handlers_long.RELEASE.set()
+        return renewals
+
+    monkeypatch.setattr(store, "renew_deadline", renew_deadline)
 
 
 def ledger(env: Env) -> list[LedgerItem]:
@@ -166,9 +182,12 @@ def delivery_tokens(env: Env) -> list[str]:
 # --------------------------------------------------------------------------- 1. renewals outlive the lease
 
 
-def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[..., Env]) -> None:
+def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[..., Env],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     env = long_env("pipelogiq", ["long-steady"], sandbox={"lease_seconds": 3})
-    env.seed("long-steady", [{"seconds": 7, "tag": "steady"}])
+    # 7 s of work, and on until 4 renewals: a loaded machine's renew cycles outlast their 1 s Wait.
+    release_after_renewals(env, monkeypatch, 4)
+    env.seed("long-steady", [{"seconds": 7, "tag": "steady", "until_released": True}])
 
     dispatch(env)
     (execution,) = executions(env)
@@ -193,9 +212,10 @@ def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[...,
 
 
 def test_priostack_has_no_lease_so_the_renew_loop_keeps_the_ledger_deadline_fresh(
-        long_env: Callable[..., Env]) -> None:
+        long_env: Callable[..., Env], monkeypatch: pytest.MonkeyPatch) -> None:
     env = long_env("priostack", ["long-steady"])
-    env.seed("long-steady", [{"seconds": 7, "tag": "steady"}])
+    release_after_renewals(env, monkeypatch, 3)  # 7 s of work, and on until 3 renewals
+    env.seed("long-steady", [{"seconds": 7, "tag": "steady", "until_released": True}])
 
     dispatch(env)
     wait_for(lambda: handlers_long.runs_of("long-steady"), what="the handler to start")
@@ -421,16 +441,7 @@ def test_the_run_continues_as_a_new_execution_before_the_history_fills_up(
     # The first slice lasts until the renew loop has made 5 cycles (counted, not timed: a
     # loaded machine's cycles take longer than their 1 s Wait), so the run hands over at its
     # boundary; the fast slices of the continued execution stay far below the limit.
-    store = env.stack.store()
-    real_renew = store.renew_deadline
-
-    def renew_deadline(*args: Any, **kwargs: Any) -> int:
-        renewals = real_renew(*args, **kwargs)
-        if renewals >= steps.MAX_RENEW_CYCLES + 1:
-            handlers_long.FIRST_SLICE_RELEASE.set()
-        return renewals
-
-    monkeypatch.setattr(store, "renew_deadline", renew_deadline)
+    release_after_renewals(env, monkeypatch, steps.MAX_RENEW_CYCLES + 1)
     env.seed("long-pages", [{"pages": 3, "tag": "h", "first_slice_until_released": True}])
 
     dispatch(env)
