@@ -55,6 +55,10 @@ MAX_TICKS = 40      # with faults on; each is a short poll window plus the execu
 # tick's 2 s window takes depends on the machine (a loaded one left 20 open after 40 ticks).
 QUIET_TICKS = 40
 WINDOW = 2.0
+# The wait for a tick's executors to finish only bounds a hang: on the self-pull path one
+# executor keeps pulling while pulls come back full, up to self_pull_max_jobs (100) deliveries
+# through the faults, which on a loaded 2-core machine outlasts HANG_SECONDS.
+IDLE_SECONDS = 300.0
 
 # Short timeouts so a dropped pull, claim or lease answer comes back within seconds.
 SANDBOX: dict[str, dict[str, Any]] = {
@@ -227,7 +231,7 @@ def retry_failed_invocations(env: Any) -> int:
     for key in keys:
         env.stack.lambda_client.invoke(FunctionName=env.stack.function_names["ExecutorFunction"],
                                        InvocationType="Event", Payload=json.dumps({"ledger_key": key}).encode())
-    env.stack.wait_idle()
+    env.stack.wait_idle(IDLE_SECONDS)
     return len(keys)
 
 
@@ -243,7 +247,7 @@ def drive(env: Any, runs: Any) -> tuple[Observed, dict[str, int]]:
         started = time.monotonic()
         report = env.tick(WINDOW)
         facts["duplicates"] += report["duplicates"]
-        env.stack.wait_idle()
+        env.stack.wait_idle(IDLE_SECONDS)
         facts["invocations_retried"] += retry_failed_invocations(env)
         still_open = open_jobs(env)
         print(f"tick {tick}: {time.monotonic() - started:.1f}s pulled {report['pulled']} duplicates "
