@@ -12,6 +12,7 @@ reliability suite's fault matrix) lives here too.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from serverless_worker.model import LedgerStatus
 from serverless_worker.runtime.context import LocalContext
@@ -41,6 +43,7 @@ __all__ = [
     "job_id",
     "jobs_by_id",
     "ledger",
+    "replace_session_once_running",
     "results",
     "run_until",
     "take_background_errors",
@@ -124,6 +127,26 @@ def http_calls_per_job(env: Any, jobs: int) -> dict[str, float]:
 # -- the worker's side -------------------------------------------------------------------
 def instance(env: Any) -> str:
     return str(env.stack.env["SW_INSTANCE_ID"])
+
+
+def replace_session_once_running(env: Any, recorder: Any, count: int) -> threading.Thread:
+    """Start a thread that, once ``count`` gated handlers (``e2e.gate``) run at once, bootstraps
+    the same Pipelogiq instance again (the server replaces the worker's token: every holder of
+    the old one meets 401 "replaced") and then releases them, so each one's next call meets
+    the new token however slowly its executor started. Join it when the jobs are done."""
+
+    def replace() -> None:
+        try:
+            if recorder.wait_active(count):
+                requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
+                              headers={"X-API-Key": "sandbox-api-key"},
+                              json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
+        finally:
+            recorder.release.set()  # the handlers return (and report with the replaced token)
+
+    intruder = threading.Thread(target=replace, daemon=True)
+    intruder.start()
+    return intruder
 
 
 def ledger(env: Any) -> list[LedgerItem]:

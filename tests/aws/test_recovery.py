@@ -8,7 +8,6 @@ Every test reads the sandbox's own job history and the ledger in the emulated ta
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections import Counter
 from typing import Any
 
@@ -24,6 +23,7 @@ from e2e_support import (
     instance,
     jobs_by_id,
     ledger,
+    replace_session_once_running,
     results,
     run_until,
     take_background_errors,
@@ -82,24 +82,12 @@ def test_pipelogiq_rebootstraps_after_session_expiry(worker_env: Any, recorder: 
 
 
 def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, recorder: Any) -> None:
-    # Handlers held running until the intruder has bootstrapped: the six are running at
-    # once however slowly the executors start, and each one's next call meets the new token.
+    # Handlers held running until the intruder has bootstrapped (e2e_support's
+    # replace_session_once_running): each one's next call meets the new token.
     env = worker_env("pipelogiq", handlers=["e2e.gate"], handler_module=HANDLERS_PATH)
     env.seed("e2e.gate", [{"n": i} for i in range(6)])
 
-    def replace() -> None:
-        # Another bootstrap of the same instance while six executors run: the server
-        # replaces the worker's token, and every one of them hits 401 "replaced".
-        try:
-            if recorder.wait_active(6):
-                requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
-                              headers={"X-API-Key": "sandbox-api-key"},
-                              json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
-        finally:
-            recorder.release.set()  # the handlers return (and report with the replaced token)
-
-    intruder = threading.Thread(target=replace, daemon=True)
-    intruder.start()
+    intruder = replace_session_once_running(env, recorder, 6)  # while six executors run
     run_until(env, lambda: all(done("pipelogiq", j) for j in env.admin.jobs()), what="all jobs done",
               window=2.0)
     intruder.join(5)

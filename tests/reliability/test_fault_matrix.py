@@ -23,7 +23,7 @@ from moto.core.exceptions import JsonRESTError
 from moto.stepfunctions.exceptions import StepFunctionsException
 
 from aws.conftest import Env
-from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance, ledger
+from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, ledger, replace_session_once_running
 from reliability.invariants import Observed, check, observe, record_na, record_row
 from reliability.paths import PATHS, claim_lease, settings
 from reliability.paths import scenario as on_path_row
@@ -435,24 +435,12 @@ def test_session_expires_mid_run(worker_env: Any, recorder: Any, protocol: str) 
 
 @pytest.mark.parametrize("protocol", ["pipelogiq"])
 def test_session_replaced_mid_run(worker_env: Any, recorder: Any, protocol: str) -> None:
-    # Handlers held running until the intruder has bootstrapped: the four run at once
-    # however slowly their executors start, and each one's next call meets the new token.
+    # Handlers held running until the intruder has bootstrapped (e2e_support's
+    # replace_session_once_running): each one's next call meets the new token.
     env = _env(worker_env, protocol, handlers=("e2e.gate",))
     _seed(env, 4, failing=False, handler="e2e.gate")
 
-    def replace() -> None:
-        # Another bootstrap of the same instance while the executors run: every holder of
-        # the old token gets 401 "worker session replaced".
-        try:
-            if recorder.wait_active(4):
-                requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
-                              headers={"X-API-Key": "sandbox-api-key"},
-                              json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
-        finally:
-            recorder.release.set()  # the handlers return (and report with the replaced token)
-
-    intruder = threading.Thread(target=replace, daemon=True)
-    intruder.start()
+    intruder = replace_session_once_running(env, recorder, 4)  # while the four run
     _drive(env, ticks=4, window=2.0)
     intruder.join(5)
 
