@@ -15,7 +15,7 @@ from serverless_worker.sandbox import create_sandbox
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.waits import allow_waits
-from support.clock import SANDBOX_MODULES, SandboxClock
+from support.clock import SANDBOX_MODULES, SandboxClock, TickClock
 
 PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 # The deployed tier needs LocalStack and a SAM build: only `make test-deployed` collects it.
@@ -86,6 +86,15 @@ def sandbox_clock(monkeypatch: pytest.MonkeyPatch) -> SandboxClock:
     for module in SANDBOX_MODULES:
         monkeypatch.setattr(f"{module}.time", clock)
     return clock
+
+
+@pytest.fixture
+def tick_clock() -> TickClock:
+    """The client side's clock, moved only by the waits of the code under test
+    (``tick_clock.sleep``, noted in ``tick_clock.waits``) and by ``tick_clock.advance``: pass
+    it as a Scheduler's or a store's clock, and its ``sleep`` as the waits, so a window or a
+    deadline is counted in the code's own time, never the loaded machine's."""
+    return TickClock()
 
 
 @pytest.fixture

@@ -14,9 +14,12 @@ from serverless_worker.sandbox.admin import SandboxAdmin
 from support.aws import WorkerStack
 
 CREDENTIALS = {"pipelogiq": "sandbox-api-key", "priostack": "sandbox-api-key", "claimqueue": "sandbox-token"}
-# Short timeouts so nothing in this tier waits long.
+# Short timeouts so nothing in this tier waits long. A Pipelogiq lease of 10 s (renewed every
+# second, SW_LEASE_RENEW_SECONDS): on a loaded machine a 3 s one could be granted with too
+# little left to run under, or lapse between two late renewals, and the job would run again;
+# a test about leases lapsing asks for its own.
 SANDBOX_CONFIG: dict[str, dict[str, Any]] = {
-    "pipelogiq": {"lease_seconds": 3, "visibility_timeout": 30, "poll_interval": 0.05},
+    "pipelogiq": {"lease_seconds": 10, "visibility_timeout": 30, "poll_interval": 0.05},
     "priostack": {},
     "claimqueue": {"lease_seconds": 30},
 }

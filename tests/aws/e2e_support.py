@@ -11,6 +11,8 @@ reliability suite's fault matrix) lives here too.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -18,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from serverless_worker.model import LedgerStatus
+from serverless_worker.runtime.context import LocalContext
+from serverless_worker.runtime.scheduler import Scheduler, TickReport
 from serverless_worker.sandbox.admin import job_id
 from serverless_worker.state import LedgerItem
 from serverless_worker.state.items import from_item
@@ -38,9 +43,11 @@ __all__ = [
     "job_id",
     "jobs_by_id",
     "ledger",
+    "replace_session_once_running",
     "results",
     "run_until",
     "take_background_errors",
+    "tick_with",
     "unsettled_peak",
     "wait_for",
 ]
@@ -122,6 +129,26 @@ def instance(env: Any) -> str:
     return str(env.stack.env["SW_INSTANCE_ID"])
 
 
+def replace_session_once_running(env: Any, recorder: Any, count: int) -> threading.Thread:
+    """Start a thread that, once ``count`` gated handlers (``e2e.gate``) run at once, bootstraps
+    the same Pipelogiq instance again (the server replaces the worker's token: every holder of
+    the old one meets 401 "replaced") and then releases them, so each one's next call meets
+    the new token however slowly its executor started. Join it when the jobs are done."""
+
+    def replace() -> None:
+        try:
+            if recorder.wait_active(count):
+                requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
+                              headers={"X-API-Key": "sandbox-api-key"},
+                              json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
+        finally:
+            recorder.release.set()  # the handlers return (and report with the replaced token)
+
+    intruder = threading.Thread(target=replace, daemon=True)
+    intruder.start()
+    return intruder
+
+
 def ledger(env: Any) -> list[LedgerItem]:
     """Every ledger item in the table (a scan: the table holds one test's items only)."""
     stack = env.stack
@@ -160,10 +187,30 @@ def run_until(env: Any, predicate: Callable[[], bool], *, what: str, window: flo
     reports: list[dict[str, Any]] = []
     for _ in range(ticks):
         reports.append(env.tick(window))
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         if poll(predicate, settle):
             return reports
     raise AssertionError(f"{what}: not reached after {ticks} ticks; reports: {reports}")
+
+
+def tick_with(env: Any, window: float, *, sleep: Callable[[float], None],
+              clock: Callable[[], float] | None = None, room_wait_max: float | None = None) -> TickReport:
+    """One tick of a Scheduler on the stack's services, outside its Lambda, waiting through
+    ``sleep``. With ``clock`` (``tick_clock``, its ``sleep`` moved by the waits) the tick alone
+    runs on that clock: its window is the tick's own time, whatever the machine's load, and
+    the executors it starts keep the stack's services and the real clock."""
+    services = env.stack.services()
+    if clock is not None:
+        services = dataclasses.replace(services, clock=clock)
+    scheduler = Scheduler(services, sleep=sleep)
+    if room_wait_max is not None:
+        scheduler.room_wait_max = room_wait_max
+    try:
+        return scheduler.tick(LocalContext("scheduler", timeout_seconds=120), window=window)
+    finally:
+        scheduler.close()
+        if clock is not None:
+            services.close()
 
 
 def take_background_errors(env: Any, kind: str, count: int) -> None:
@@ -198,7 +245,7 @@ def crash_between_storing_and_reporting(worker_env: Callable[..., Any], recorder
 
     monkeypatch.setattr(store, "store_outcome", store_then_crash)
     first = env.tick(2.0)
-    env.stack.wait_idle(10)
+    env.stack.wait_idle()
     monkeypatch.setattr(store, "store_outcome", real_store_outcome)
 
     assert first["dispatched"] == 2
@@ -214,10 +261,10 @@ def crash_between_storing_and_reporting(worker_env: Callable[..., Any], recorder
     # The reaper settles the other once its deadline passes.
     backdate(env, reaped)
     second = env.tick(1.2)
-    env.stack.wait_idle(10)
+    env.stack.wait_idle()
     assert second["reaped"] == 1 and second["pulled"] == 0, second
 
-    wait_for(lambda: all(done(protocol, j) for j in env.admin.jobs()), 5, "both jobs done")
+    wait_for(lambda: all(done(protocol, j) for j in env.admin.jobs()), what="both jobs done")
     jobs = jobs_by_id(env)
     for job in jobs.values():
         assert len(results(protocol, job)) == 1, job  # exactly one result on the server

@@ -70,8 +70,9 @@ class Recorder:
             self.died.add(job_id)
             return True
 
-    def wait_active(self, count: int, timeout: float) -> bool:
-        """Block until at least ``count`` handlers run at once."""
+    def wait_active(self, count: int, timeout: float = 60.0) -> bool:
+        """Block until at least ``count`` handlers run at once; the limit only bounds a hang
+        (as tests/support/waiting.py's ``HANG_SECONDS``: this file also runs in a Lambda)."""
         with self._lock:
             return self.started.wait_for(lambda: self.active >= count, timeout)
 
@@ -101,14 +102,43 @@ def echo(job: Job[Any]) -> Any:
         return job.input
 
 
+# A job held until the drain (``until_draining``) ends this long before its own budget does,
+# so a drain that never comes fails the test on its counts, not on a timed-out job.
+_DRAIN_HOLD_MARGIN = 5.0
+
+
+def _sleep_then_hold(job: Job[Any]) -> Any:
+    """Sleep ``input["sleep"]`` seconds (cooperatively: a cancel wakes it), then with
+    ``input["until_draining"]`` hold on until this worker's drain has begun."""
+    seconds = float((job.input or {}).get("sleep", 0.5))
+    job.wait(seconds)
+    job.raise_if_cancelled()
+    if (job.input or {}).get("until_draining"):
+        _until_draining(job)
+    return {"slept": seconds, "n": (job.input or {}).get("n")}
+
+
+def _until_draining(job: Job[Any]) -> None:
+    """Hold until the worker's control item says draining (the drain's first write, before
+    it counts what is in flight), or until the job's budget is nearly spent: the deployed
+    drain tests find these jobs running however late a loaded machine brings the drain.
+    Read from the state table, as a deployed executor's handler can."""
+    from serverless_worker.runtime.entry import services_from_environment
+
+    services = services_from_environment()
+    while not services.store.get_control(services.protocol_name, services.instance).get("draining"):
+        if job.remaining() <= _DRAIN_HOLD_MARGIN:
+            return
+        job.wait(0.5)
+        job.raise_if_cancelled()
+
+
 @handler("e2e.slow")
 def slow(job: Job[Any]) -> Any:
-    """Sleeps ``input["sleep"]`` seconds (cooperatively: a cancel wakes it)."""
+    """Sleeps ``input["sleep"]`` seconds (cooperatively: a cancel wakes it); with
+    ``until_draining``, then holds until the drain."""
     with _recorded("e2e.slow", job):
-        seconds = float((job.input or {}).get("sleep", 0.5))
-        job.wait(seconds)
-        job.raise_if_cancelled()
-        return {"slept": seconds, "n": (job.input or {}).get("n")}
+        return _sleep_then_hold(job)
 
 
 class Order(BaseModel):
@@ -177,13 +207,11 @@ def die_self_pulled(job: Job[Any]) -> Any:
 
 @handler("e2e.slow-timed-long", timeout=30)
 def slow_timed_long(job: Job[Any]) -> Any:
-    """e2e.slow with room for a long sleep (the deployed tier's slow backlog): within a 60 s
-    executor less its report margin, and leaving a self-pulling executor time for a second job."""
+    """e2e.slow (and its ``until_draining``) with room for a long sleep (the deployed tier's
+    slow backlog): within a 60 s executor less its report margin, and leaving a self-pulling
+    executor time for a second job."""
     with _recorded("e2e.slow-timed-long", job):
-        seconds = float((job.input or {}).get("sleep", 0.5))
-        job.wait(seconds)
-        job.raise_if_cancelled()
-        return {"slept": seconds, "n": (job.input or {}).get("n")}
+        return _sleep_then_hold(job)
 
 
 def _until_released(name: str, job: Job[Any]) -> Any:

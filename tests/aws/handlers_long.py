@@ -15,9 +15,23 @@ import boto3
 
 from serverless_worker import Continue, Job, handler
 
-__all__ = ["RUNS", "callback", "pages", "patient_callback", "runs_of", "steady"]
+__all__ = ["RELEASE", "RUNS", "callback", "pages", "patient_callback", "runs_of", "steady"]
 
 RUNS: list[dict[str, Any]] = []
+# Ends the work of a handler asked to wait for it (long-steady's ``until_released``, the first
+# slice of long-pages' ``first_slice_until_released``): the test sets it at a counted point
+# (so many renewals), never after a time.
+RELEASE = threading.Event()
+_RELEASE_LIMIT = 60.0  # seconds: only bounds a hang
+
+
+def _until_released(job: Job[Any]) -> bool:
+    """Wait for ``RELEASE`` (at most ``_RELEASE_LIMIT``); ``True`` if cancelled meanwhile."""
+    end = time.monotonic() + _RELEASE_LIMIT
+    while not RELEASE.is_set() and time.monotonic() < end:
+        if job.wait(0.1):
+            return True
+    return False
 _lock = threading.Lock()
 _sfn: list[Any] = []
 
@@ -38,17 +52,21 @@ def runs_of(name: str) -> list[dict[str, Any]]:
 
 @handler("long-steady", mode="slices")
 def steady(job: Job[Any]) -> Any:
-    """Work ``seconds`` (``retry_seconds`` on a later attempt) in small cooperative steps;
-    stop at once when cancelled."""
+    """Work ``seconds`` (``retry_seconds`` on a later attempt) in small cooperative steps, then
+    with ``until_released`` until the test sets ``RELEASE``; stop at once when cancelled."""
     entry = _record(job, attempt=job.attempt)
     seconds = float(job.input.get("seconds", 1))
     if job.attempt > 1 and "retry_seconds" in job.input:
         seconds = float(job.input["retry_seconds"])
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if job.wait(min(0.1, max(0.0, end - time.monotonic()))):
-            entry.update(cancelled=True, cancel_reason=str(job.cancel_reason), cancelled_at=time.time())
-            job.raise_if_cancelled()
+    cancelled = False
+    while time.monotonic() < end and not cancelled:
+        cancelled = job.wait(min(0.1, max(0.0, end - time.monotonic())))
+    if not cancelled and job.input.get("until_released"):
+        cancelled = _until_released(job)
+    if cancelled:
+        entry.update(cancelled=True, cancel_reason=str(job.cancel_reason), cancelled_at=time.time())
+        job.raise_if_cancelled()
     entry["finished"] = time.time()
     return {"slept": seconds, "tag": job.input.get("tag")}
 
@@ -57,13 +75,16 @@ def steady(job: Job[Any]) -> Any:
 def pages(job: Job[Any]) -> Any:
     """One page per slice: ``Continue`` with the pages so far until all are done.
 
-    ``first_slice_seconds`` makes the first slice slow (renewals pile up meanwhile);
-    ``delay`` asks for a pause between slices.
+    ``first_slice_seconds`` makes the first slice slow (renewals pile up meanwhile), and
+    ``first_slice_until_released`` holds it until the test sets ``RELEASE``; ``delay`` asks for a pause between slices.
     """
     _record(job)
     state = job.checkpoint or {"page": 0, "parts": []}
     if state["page"] == 0 and job.input.get("first_slice_seconds"):
         job.wait(float(job.input["first_slice_seconds"]))
+        job.raise_if_cancelled()
+    if state["page"] == 0 and job.input.get("first_slice_until_released"):
+        _until_released(job)
         job.raise_if_cancelled()
     page = state["page"] + 1
     parts = [*state["parts"], f"{job.input.get('tag', 'p')}-{page}"]

@@ -36,7 +36,7 @@ def test_a_job_costs_four_writes_and_no_counters_write(worker_env: Any, recorder
     env.seed("e2e.echo", [{"n": n} for n in range(10)])
 
     report = env.tick(2.5)
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
 
     assert report["dispatched"] == 10, report
     assert Counter(item.status for item in ledger(env)) == {LedgerStatus.ACKNOWLEDGED: 10}
@@ -52,7 +52,7 @@ def test_heartbeat_reports_batched_counts_and_drain_writes_them(worker_env: Any,
     env.seed("e2e.echo", [{"n": n} for n in range(3)])
     env.seed("e2e.reject", [{"sku": "a"}, {"sku": "b"}])
     first = env.tick(3.0)
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
     assert first["dispatched"] == 5, first
     store, instance = env.stack.store(), env.stack.services().instance
     assert store.read_counters("pipelogiq", instance) == {}  # batched: nothing written yet
@@ -74,6 +74,6 @@ def test_zero_interval_writes_each_count(worker_env: Any, recorder: Any) -> None
     env.seed("e2e.echo", [{"n": n} for n in range(3)])
 
     env.tick(2.5)
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
 
     assert env.stack.store().read_counters("claimqueue", env.stack.services().instance) == {"processed": 3}

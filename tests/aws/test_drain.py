@@ -66,15 +66,15 @@ def test_drain_leaves_nothing_in_flight(worker_env: Any, recorder: Any, monkeypa
     monkeypatch.setattr(dispatcher, "invoke_executor", every_other)
     first = env.tick(2.0)
     assert first["dispatched"] == 4 and len(queued) == 2, first
-    assert recorder.wait_active(2, 5)                       # two jobs are running
+    assert recorder.wait_active(2)                       # two jobs are running
 
     answer: dict[str, Any] = {}
     drain = threading.Thread(target=lambda: answer.update(
         env.stack.invoke("DrainFunction", {"grace_seconds": 10})), daemon=True)
     drain.start()
     # The drain hands back what never started at once, and waits for what runs.
-    wait_for(lambda: Counter(i.status for i in ledger(env))[LedgerStatus.HANDED_BACK] == 2, 5,
-             "the unstarted deliveries to be handed back")
+    wait_for(lambda: Counter(i.status for i in ledger(env))[LedgerStatus.HANDED_BACK] == 2,
+             what="the unstarted deliveries to be handed back")
     assert drain.is_alive() and recorder.active == 2
     recorder.release.set()                                  # the running jobs finish
     drain.join(60)  # a Pipelogiq drain waits out a long poll's time (runtime/control.py), up to its grace
@@ -82,7 +82,7 @@ def test_drain_leaves_nothing_in_flight(worker_env: Any, recorder: Any, monkeypa
 
     assert drained["handed_back"] == 2 and drained["finished_in_flight"] == 2, drained
     assert drained["still_running"] == 0 and drained["shutdown_called"] is True, drained
-    env.stack.wait_idle(10)
+    env.stack.wait_idle()
     assert sum(recorder.counts().values()) == 2              # the queued two never ran
     assert Counter(item.status for item in ledger(env)) == {LedgerStatus.ACKNOWLEDGED: 2,
                                                             LedgerStatus.HANDED_BACK: 2}
@@ -101,7 +101,7 @@ def test_drain_leaves_nothing_in_flight(worker_env: Any, recorder: Any, monkeypa
                    for job in handed)                       # retries unchanged: no attempt used
     else:
         # No release call exists: the queued two are back once their leases lapse.
-        wait_for(lambda: _on_server(protocol, env) == {"finished": 2, "pending": 2}, 8, "the leases to lapse")
+        wait_for(lambda: _on_server(protocol, env) == {"finished": 2, "pending": 2}, what="the leases to lapse")
 
     monkeypatch.setattr(dispatcher, "invoke_executor", real_invoke)
     paused = env.tick(1.2)

@@ -18,18 +18,11 @@ from serverless_worker.protocols.base import PullRequest
 from serverless_worker.runtime.metrics import metrics
 from serverless_worker.runtime.reaper import reap
 from serverless_worker.runtime.settle import SETTLE_ATTEMPTS_MAX, SETTLE_RETRY_MAX_SECONDS, handback_epoch
+from support.clock import TickClock
 
 pytestmark = pytest.mark.aws
 
 HANDLER = "e2e.echo"
-
-
-class Clock:
-    def __init__(self, start: float) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _pulled(env: Any, services: Any) -> Any:
@@ -72,7 +65,7 @@ def _fired(env: Any) -> int:
     return len(env.admin._call("GET", "faults")["fired"])
 
 
-def _reap_until_final(services: Any, clock: Clock, key: str, *, limit: int) -> tuple[int, float]:
+def _reap_until_final(services: Any, clock: TickClock, key: str, *, limit: int) -> tuple[int, float]:
     """Advance the clock past the item's deadline and reap, until it is final; returns the
     reaps it took and the (controlled) time that passed."""
     start = clock.now
@@ -95,7 +88,7 @@ def test_every_status_ends_final_when_the_server_answers_only_errors(
         worker_env: Callable[..., Any], protocol: str, status: str) -> None:
     env = worker_env(protocol, handlers=[HANDLER], handler_module=HANDLERS_PATH)
     services = env.stack.services()
-    clock = Clock(services.clock())
+    clock = TickClock(services.clock())
     services.clock = clock
     delivery = _pulled(env, services)
     key = _in_status(services, delivery, status)
@@ -131,7 +124,7 @@ def test_every_status_ends_final_at_the_first_reap_when_the_server_answers(
     outcome the status calls for (never a second run of the handler: none runs here)."""
     env = worker_env("priostack", handlers=[HANDLER], handler_module=HANDLERS_PATH)
     services = env.stack.services()
-    clock = Clock(services.clock())
+    clock = TickClock(services.clock())
     services.clock = clock
     key = _in_status(services, _pulled(env, services), status)
 

@@ -25,6 +25,7 @@ from serverless_worker.registry import default_registry
 from serverless_worker.runtime import steps
 from serverless_worker.runtime.entry import reset_services
 from serverless_worker.state.items import LedgerItem, from_item
+from support.waiting import HANG_SECONDS
 
 Env = Any  # tests/aws/conftest.py's Env
 
@@ -44,18 +45,18 @@ def _long_handlers() -> Iterator[None]:
     """Only this module's handlers, and a fresh run record, for each test."""
     with default_registry.isolated():
         handlers_long.RUNS.clear()
+        handlers_long.RELEASE.clear()
         yield
 
 
 @pytest.fixture
 def long_env(worker_env: Callable[..., Env]) -> Callable[..., Env]:
-    """An env loading handlers_long. Pipelogiq leases last 10 s unless a test asks for the
-    3 s lease it is about: a loaded CI box must not lose leases the test is not about."""
+    """An env loading handlers_long. Pipelogiq leases last the tier's 10 s unless a test asks
+    for the 3 s lease it is about: a loaded CI box must not lose leases the test is not about."""
 
     def make(protocol: str, handlers: list[str], sandbox: dict[str, Any] | None = None,
              **options: Any) -> Env:
-        config = {**({"lease_seconds": 10} if protocol == "pipelogiq" else {}), **(sandbox or {})}
-        return worker_env(protocol, handlers=handlers, handler_module="handlers_long", sandbox=config,
+        return worker_env(protocol, handlers=handlers, handler_module="handlers_long", sandbox=sandbox,
                           **options)
 
     return make
@@ -71,8 +72,24 @@ def dispatch(env: Env, count: int = 1, tries: int = 4) -> None:
     raise AssertionError(f"fewer than {count} executions after {tries} ticks")
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait_for(check: Callable[[], Any], timeout: float = HANG_SECONDS, what: str = "condition") -> Any:
     return poll(check, timeout, what, interval=0.1)
+
+
+def release_after_renewals(env: Env, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """Set ``handlers_long.RELEASE`` once the run's deadline has been renewed ``count`` times
+    (the renew loop's cycles, and each slice's end): a handler waiting for it works through
+    that many renewals, however long a loaded machine takes for each."""
+    store = env.stack.store()
+    real = store.renew_deadline
+
+    def renew_deadline(*args: Any, **kwargs: Any) -> int:
+        renewals = int(real(*args, **kwargs))
+        if renewals >= count:
+            handlers_long.RELEASE.set()
+        return renewals
+
+    monkeypatch.setattr(store, "renew_deadline", renew_deadline)
 
 
 def ledger(env: Env) -> list[LedgerItem]:
@@ -82,8 +99,9 @@ def ledger(env: Env) -> list[LedgerItem]:
     return sorted(items, key=lambda item: item.recorded_at)
 
 
-def executions(env: Env, timeout: float = 40.0) -> list[dict[str, Any]]:
-    """Wait until no execution runs; each one described (input, output, error), oldest first."""
+def executions(env: Env, timeout: float = HANG_SECONDS) -> list[dict[str, Any]]:
+    """Wait until no execution runs (the limit only bounds a hang); each one described
+    (input, output, error), oldest first."""
     listed = env.stack.wait_for_executions(timeout)
     described = [env.stack.sfn.describe_execution(executionArn=e["executionArn"]) for e in listed]
     return sorted(described, key=lambda d: d["startDate"])
@@ -164,9 +182,12 @@ def delivery_tokens(env: Env) -> list[str]:
 # --------------------------------------------------------------------------- 1. renewals outlive the lease
 
 
-def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[..., Env]) -> None:
+def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[..., Env],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     env = long_env("pipelogiq", ["long-steady"], sandbox={"lease_seconds": 3})
-    env.seed("long-steady", [{"seconds": 7, "tag": "steady"}])
+    # 7 s of work, and on until 4 renewals: a loaded machine's renew cycles outlast their 1 s Wait.
+    release_after_renewals(env, monkeypatch, 4)
+    env.seed("long-steady", [{"seconds": 7, "tag": "steady", "until_released": True}])
 
     dispatch(env)
     (execution,) = executions(env)
@@ -191,14 +212,15 @@ def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[...,
 
 
 def test_priostack_has_no_lease_so_the_renew_loop_keeps_the_ledger_deadline_fresh(
-        long_env: Callable[..., Env]) -> None:
+        long_env: Callable[..., Env], monkeypatch: pytest.MonkeyPatch) -> None:
     env = long_env("priostack", ["long-steady"])
-    env.seed("long-steady", [{"seconds": 7, "tag": "steady"}])
+    release_after_renewals(env, monkeypatch, 3)  # 7 s of work, and on until 3 renewals
+    env.seed("long-steady", [{"seconds": 7, "tag": "steady", "until_released": True}])
 
     dispatch(env)
-    wait_for(lambda: handlers_long.runs_of("long-steady"), 10, "the handler to start")
-    first = wait_for(lambda: [i for i in ledger(env) if i.renewals >= 1], 10, "a renewal")[0]
-    later = wait_for(lambda: [i for i in ledger(env) if i.renewals > first.renewals], 10, "a later renewal")[0]
+    wait_for(lambda: handlers_long.runs_of("long-steady"), what="the handler to start")
+    first = wait_for(lambda: [i for i in ledger(env) if i.renewals >= 1], what="a renewal")[0]
+    later = wait_for(lambda: [i for i in ledger(env) if i.renewals > first.renewals], what="a later renewal")[0]
     (execution,) = executions(env)
 
     assert later.status is LedgerStatus.RUNNING and first.deadline is not None and later.deadline is not None
@@ -245,7 +267,7 @@ def test_claim_queue_lease_too_short_stops_the_handler_before_it_lapses(long_env
     assert reports(env) == []  # a timeout sends no result: the lease lapses
     (item,) = ledger(env)
     assert item.outcome is not None and item.outcome.kind is OutcomeKind.TIMEOUT
-    wait_for(lambda: events_of(the_job(env), "lapse"), 15, "the lease to lapse")
+    wait_for(lambda: events_of(the_job(env), "lapse"), what="the lease to lapse")
 
 
 # --------------------------------------------------------------------------- 2. continuation slices
@@ -297,11 +319,11 @@ def test_a_refused_renewal_cancels_the_handler_and_server_recovery_runs_it_again
     env = long_env("pipelogiq", ["long-steady"])
     env.seed("long-steady", [{"seconds": 60, "retry_seconds": 1, "tag": "revoked"}])
     dispatch(env)
-    wait_for(lambda: events_of(the_job(env), "lease_renewed"), 10, "a first renewal")
+    wait_for(lambda: events_of(the_job(env), "lease_renewed"), what="a first renewal")
     first_execution = the_job(env)["executions"][0]["executionId"]
 
     revoke(env, the_job(env)["job_id"])
-    (execution,) = executions(env, timeout=20)
+    (execution,) = executions(env)
 
     assert execution["status"] == "SUCCEEDED"  # a definite end, through Report (discard)
     (run,) = handlers_long.runs_of("long-steady")
@@ -323,10 +345,10 @@ def test_a_refused_renewal_cancels_the_handler_and_server_recovery_runs_it_again
     assert any(e["eventType"] == "job.lease_lost" for e in worker_events)
 
     # The server recovered the stage with a new execution; the next tick runs that one.
-    recovery = wait_for(lambda: [e for e in the_job(env)["executions"] if e["cause"] == "recovery"], 10,
-                        "the server's recovery")[0]
+    recovery = wait_for(lambda: [e for e in the_job(env)["executions"] if e["cause"] == "recovery"],
+                        what="the server's recovery")[0]
     dispatch(env, count=2)
-    wait_for(lambda: the_job(env)["status"] == "Completed", 20, "the recovered execution to complete")
+    wait_for(lambda: the_job(env)["status"] == "Completed", what="the recovered execution to complete")
     executions(env)
     second = handlers_long.runs_of("long-steady")[1]
     assert second["attempt"] == 2 and not second["cancelled"]
@@ -341,11 +363,11 @@ def test_a_refused_renewal_ends_a_callback_wait_at_once(long_env: Callable[..., 
     env = long_env("pipelogiq", ["long-callback-patient"])
     env.seed("long-callback-patient", [{}])
     dispatch(env)
-    wait_for(lambda: events_of(the_job(env), "lease_renewed"), 10, "a first renewal")
+    wait_for(lambda: events_of(the_job(env), "lease_renewed"), what="a first renewal")
     revoked_at = time.monotonic()
 
     revoke(env, the_job(env)["job_id"])
-    (execution,) = executions(env, timeout=30)
+    (execution,) = executions(env)
 
     assert execution["status"] == "SUCCEEDED" and time.monotonic() - revoked_at < 15
     failed = [e["taskFailedEventDetails"]["error"] for e in history_events(env, execution)
@@ -369,7 +391,7 @@ def test_a_callback_handler_ends_with_the_callbacks_outcome(long_env: Callable[.
     started = time.monotonic()
 
     dispatch(env)
-    (execution,) = executions(env, timeout=30)
+    (execution,) = executions(env)
 
     assert execution["status"] == "SUCCEEDED"
     assert time.monotonic() - started < 20  # "never" ends by the task's 4 s timeout
@@ -416,13 +438,15 @@ def test_the_run_continues_as_a_new_execution_before_the_history_fills_up(
     monkeypatch.setattr(steps, "MAX_RENEW_CYCLES", 4)
     short_lease = {"lease_seconds": 5} if protocol == "pipelogiq" else None  # shorter than the job
     env = long_env(protocol, ["long-pages"], sandbox=short_lease)
-    # The first slice lasts 5+ renew cycles, so the run hands over at its boundary; the fast
-    # slices of the continued execution stay far below the limit.
-    env.seed("long-pages", [{"pages": 3, "tag": "h", "first_slice_seconds": 6}])
+    # The first slice lasts until the renew loop has made 5 cycles (counted, not timed: a
+    # loaded machine's cycles take longer than their 1 s Wait), so the run hands over at its
+    # boundary; the fast slices of the continued execution stay far below the limit.
+    release_after_renewals(env, monkeypatch, steps.MAX_RENEW_CYCLES + 1)
+    env.seed("long-pages", [{"pages": 3, "tag": "h", "first_slice_until_released": True}])
 
     dispatch(env)
-    first, second = wait_for(lambda: len(env.stack.executions()) == 2 and executions(env), 30,
-                             "the continued execution")
+    first, second = wait_for(lambda: len(env.stack.executions()) == 2 and executions(env),
+                             what="the continued execution")
 
     assert first["status"] == "SUCCEEDED" and second["status"] == "SUCCEEDED"
     assert "ContinueAsNew" in states_entered(env, first)
@@ -515,7 +539,7 @@ def test_an_unstarted_delivery_is_handed_back_and_runs_later(
     dispatch(env)
     executions(env)
     if protocol == "claimqueue":  # no release call: the item comes back when its lease lapses
-        wait_for(lambda: events_of(the_job(env), "lapse"), 15, "the lease to lapse")
+        wait_for(lambda: events_of(the_job(env), "lapse"), what="the lease to lapse")
     if len(env.stack.executions()) < 2:  # not delivered again within the first tick's window
         dispatch(env, count=2)
     first, second = executions(env)
@@ -581,7 +605,7 @@ def test_steps_of_a_stale_epoch_do_nothing(long_env: Callable[..., Env]) -> None
     env = long_env("pipelogiq", ["long-steady"])
     env.seed("long-steady", [{"seconds": 4, "tag": "live"}])
     dispatch(env)
-    (running,) = wait_for(lambda: [i for i in ledger(env) if i.status is LedgerStatus.RUNNING], 10, "the run")
+    (running,) = wait_for(lambda: [i for i in ledger(env) if i.status is LedgerStatus.RUNNING], what="the run")
     stale = {"ledger_key": running.key, "epoch": "arn:aws:states:us-east-1:123456789012:execution:old:x"}
 
     def step(name: str, **extra: Any) -> dict[str, Any]:
@@ -652,7 +676,7 @@ def test_secrets_stay_out_of_a_failed_execution_and_a_refused_renewal(
     reset_services()
     env.seed("long-steady", [{"seconds": 30, "tag": "secret-tag-Zy62"}])
     dispatch(env)
-    wait_for(lambda: events_of(the_job(env), "lease_renewed"), 10, "a first renewal")
+    wait_for(lambda: events_of(the_job(env), "lease_renewed"), what="a first renewal")
     revoke(env, the_job(env)["job_id"])
     (execution,) = executions(env)
 

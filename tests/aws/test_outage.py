@@ -78,13 +78,13 @@ def test_a_report_that_meets_the_outage_is_sent_again_when_the_server_is_back(
     env = worker_env(protocol, handlers=["e2e.gate"], handler_module=HANDLERS_PATH)
     env.seed("e2e.gate", [{"n": 1}])
     env.tick(1.0)
-    assert recorder.wait_active(1, 20), "the handler started"
+    assert recorder.wait_active(1), "the handler started"
     port = env.server.port
     env.server.stop()
     deferred = metrics.totals["Jobs_deferred"]
 
     recorder.release.set()  # the handler returns; its report meets a refused connection
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
     # The executor leaves the report it gave up on to the reaper and ends without an error,
     # so Lambda's asynchronous retry does not send the same report again.
     assert env.stack.lambdas.background_errors == []
@@ -96,7 +96,7 @@ def test_a_report_that_meets_the_outage_is_sent_again_when_the_server_is_back(
 
     def reported() -> bool:
         env.tick(1.0)
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         return all(done(protocol, job) for job in env.admin.jobs())
 
     wait_for(reported, 60, "the stored outcome reported after the outage", interval=1.0)
@@ -108,8 +108,8 @@ def _resumes(env: Any, recorder: Any, protocol: str, polls: float) -> None:
     """The server is back: the next tick pulls the 3 waiting jobs, each runs once, nothing is left."""
     report = env.tick(2.0)
     assert report["stopped"] is None and report["pulled"] == 3, report
-    env.stack.wait_idle(30)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 3 jobs done")
+    env.stack.wait_idle()
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), what="all 3 jobs done")
     assert metrics.totals["SuccessfulPolls"] > polls
     assert set(recorder.counts().values()) == {1} and len(recorder.counts()) == 3
     assert in_flight(env) == 0

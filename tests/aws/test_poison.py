@@ -47,15 +47,15 @@ def test_a_poisoned_job_fails_with_its_reason_and_the_rest_of_its_batch_is_done(
     # then the tick succeeded (no function error), dispatched the four others, settled the fifth
     assert report["pulled"] == 5 and report["dispatched"] == 4 and not report["errors"], report
     assert report["unrecordable"] == 1 and report["unsettled"] == [], report
-    env.stack.wait_idle(20)
+    env.stack.wait_idle()
     good = [job_id for job_id in ids if job_id != ids[2]]
-    wait_for(lambda: all(done(protocol, jobs_by_id(env)[job_id]) for job_id in good), 15, "4 good jobs done")
-    text = wait_for(lambda: validation_error(protocol, jobs_by_id(env)[ids[2]]), 10, "the poisoned job failed")
+    wait_for(lambda: all(done(protocol, jobs_by_id(env)[job_id]) for job_id in good), what="4 good jobs done")
+    text = wait_for(lambda: validation_error(protocol, jobs_by_id(env)[ids[2]]), what="the poisoned job failed")
     assert "cannot record this job" in text
     assert ("nests too deep" if poison == "nested" else "item limit") in text, text
     # and the ledger holds the four, settled; nothing of the poisoned one
     wait_for(lambda: len(ledger(env)) == 4 and all(i.status == LedgerStatus.ACKNOWLEDGED for i in ledger(env)),
-             10, "4 ledger items settled")
+             what="4 ledger items settled")
     assert ids[2] not in {item.delivery.job_id for item in ledger(env)}
 
 
@@ -70,9 +70,9 @@ def test_a_job_key_no_request_can_name_is_reported_unsettled_by_the_tick(worker_
     assert report["pulled"] == 5 and report["dispatched"] == 4 and not report["errors"], report
     assert report["unrecordable"] == 1 and len(report["unsettled"]) == 1, report
     assert "not valid Unicode" in report["unsettled"][0]
-    env.stack.wait_idle(20)
+    env.stack.wait_idle()
     wait_for(lambda: sorted(job["state"] for job in env.admin.jobs()) == ["active"] + ["completed"] * 4,
-             15, "the four others completed")
+             what="the four others completed")
 
 
 # A handler declaring a timeout the live lease fits, on the short path and in slices (the
@@ -93,14 +93,14 @@ def test_a_lease_granted_already_past_never_runs_the_handler_nor_stops_the_worke
     # when ticks run until every job is done (the lapsed one comes back with a live lease)
     for _ in range(10):
         env.tick(2.0)
-        env.stack.wait_idle(20)
+        env.stack.wait_idle()
         if all(done(protocol, job) for job in env.admin.jobs()):
             break
 
     # then every job is done, one delivery was discarded unrun, and the worker was never stopped
     assert all(done(protocol, job) for job in env.admin.jobs()), env.admin.jobs()
     assert env.admin.stats()["faults_fired"] == 1
-    wait_for(lambda: all(item.status.is_final for item in ledger(env)), 10, "every ledger item settled")
+    wait_for(lambda: all(item.status.is_final for item in ledger(env)), what="every ledger item settled")
     items = ledger(env)
     discarded = [item for item in items if item.status == LedgerStatus.DISCARDED]
     assert len(discarded) == 1 and "lease granted already expired" in (discarded[0].error or ""), items

@@ -25,9 +25,9 @@ def test_progress_on_an_item_the_queue_timed_out_cancels_the_handler(worker_env:
     env.seed("e2e.progressing", [{"seconds": 30}])
 
     env.tick(1.0)
-    wait_for(lambda: recorder.counts("e2e.progressing"), 10, "the handler started")
-    wait_for(lambda: env.admin.jobs()[0]["status"] == "failed", 10, "the queue timed the item out")
-    env.stack.wait_idle(15)  # far less than the handler's 30 s: it was stopped
+    wait_for(lambda: recorder.counts("e2e.progressing"), what="the handler started")
+    wait_for(lambda: env.admin.jobs()[0]["status"] == "failed", what="the queue timed the item out")
+    env.stack.wait_idle()  # far less than the handler's 30 s: it was stopped
 
     (job,) = env.admin.jobs()
     job_id = job["id"]

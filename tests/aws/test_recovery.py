@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -26,10 +24,10 @@ from e2e_support import (
     instance,
     jobs_by_id,
     ledger,
+    replace_session_once_running,
     results,
     run_until,
     take_background_errors,
-    wait_for,
 )
 
 from serverless_worker.model import LedgerStatus
@@ -86,20 +84,13 @@ def test_pipelogiq_rebootstraps_after_session_expiry(worker_env: Any, recorder: 
 
 def test_pipelogiq_recovers_once_from_a_replaced_session(worker_env: Any, recorder: Any,
                                                          caplog: pytest.LogCaptureFixture) -> None:
+    # Handlers held running until the intruder has bootstrapped (e2e_support's
+    # replace_session_once_running): each one's next call meets the new token.
     caplog.set_level(logging.WARNING, logger="serverless_worker")
-    env = worker_env("pipelogiq", handlers=["e2e.slow"], handler_module=HANDLERS_PATH)
-    env.seed("e2e.slow", [{"sleep": 1.5, "n": i} for i in range(6)])
+    env = worker_env("pipelogiq", handlers=["e2e.gate"], handler_module=HANDLERS_PATH)
+    env.seed("e2e.gate", [{"n": i} for i in range(6)])
 
-    def replace() -> None:
-        # Another bootstrap of the same instance while six executors run: the server
-        # replaces the worker's token, and every one of them hits 401 "replaced".
-        if recorder.wait_active(6, 10):
-            requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
-                          headers={"X-API-Key": "sandbox-api-key"},
-                          json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
-
-    intruder = threading.Thread(target=replace, daemon=True)
-    intruder.start()
+    intruder = replace_session_once_running(env, recorder, 6)  # while six executors run
     run_until(env, lambda: all(done("pipelogiq", j) for j in env.admin.jobs()), what="all jobs done",
               window=2.0)
     intruder.join(5)
@@ -129,15 +120,18 @@ def test_a_job_the_server_forgot_is_recorded_again_and_gets_its_stored_outcome(w
     under the same key and retries: the ledger must record it again (not drop it as a
     duplicate, which would leave it active for good) and report the stored outcome without
     running the handler a second time."""
-    env = worker_env("priostack", handlers=["e2e.slow"], handler_module=HANDLERS_PATH)
-    env.seed("e2e.slow", [{"sleep": 1.5, "n": i} for i in range(2)])
-    # A tick short enough to end before the handlers do: no pull races the restart below.
+    # Handlers held running until the restart is done: it always comes while both run.
+    env = worker_env("priostack", handlers=["e2e.gate"], handler_module=HANDLERS_PATH)
+    env.seed("e2e.gate", [{"n": i} for i in range(2)])
+    # A tick that ends before the handlers do (they wait for the release): no pull races
+    # the restart below.
     assert env.tick(0.3)["dispatched"] == 2
-    assert recorder.wait_active(2, 10)
+    assert recorder.wait_active(2)
     restart = requests.post(f"{env.server.url}/_admin/restart", timeout=5)
     restart.raise_for_status()
     assert len(restart.json()["requeued"]) == 2, restart.json()
-    env.stack.wait_idle(10)
+    recorder.release.set()  # the handlers return; their complete meets the forgotten jobs
+    env.stack.wait_idle()
     forgotten = ledger(env)
     assert {item.status for item in forgotten} == {LedgerStatus.ACKNOWLEDGED}
     assert {item.report.status for item in forgotten if item.report} == {"not_found"}, forgotten
@@ -166,8 +160,7 @@ def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, re
     # server's lease recovery) is what brings the retry. Claim queue: a short lease, since
     # handing back and timing out both mean letting it lapse there.
     sandbox = {"pipelogiq": {"lease_seconds": 20}, "claimqueue": {"lease_seconds": 5}}.get(protocol)
-    env = worker_env(protocol, handlers=["e2e.echo", "e2e.die"], handler_module=HANDLERS_PATH,
-                     sandbox=sandbox, settings={"dispatch_timeout_seconds": 1})
+    env = worker_env(protocol, handlers=["e2e.echo", "e2e.die"], handler_module=HANDLERS_PATH, sandbox=sandbox)
     env.seed("e2e.echo", [{"n": 1}, {"n": 2}])
     if protocol == "pipelogiq":
         env.seed("e2e.die", [{"n": 3}, {"n": 4}], maxRetries=1, retryInterval=0)
@@ -186,7 +179,7 @@ def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, re
 
     monkeypatch.setattr(dispatcher, "invoke_executor", lose_echo_invocations)
     first = env.tick(2.0)
-    env.stack.wait_idle(10)
+    env.stack.wait_idle()
     monkeypatch.setattr(dispatcher, "invoke_executor", real_invoke)
 
     assert first["pulled"] == first["dispatched"] == 4 and len(lost) == 2, first
@@ -195,10 +188,11 @@ def test_reaper_gives_stranded_deliveries_a_definite_outcome(worker_env: Any, re
     assert sorted(item.status for item in stranded.values()) == sorted(
         [LedgerStatus.RECORDED] * 2 + [LedgerStatus.RUNNING] * 2)
     vanished = {key for key, item in stranded.items() if item.status is LedgerStatus.RUNNING}
-    for key in vanished:
-        backdate(env, key)          # a run's own deadline is the Lambda timeout plus a grace
-    dispatch_deadline = max(item.deadline or 0 for key, item in stranded.items() if key not in vanished)
-    wait_for(lambda: time.time() > dispatch_deadline, 3, "the dispatch deadlines")
+    # Both deadlines pass without the wait: a run's is the Lambda timeout plus a grace, a
+    # recorded delivery's the dispatch timeout (kept at its default, so the deliveries
+    # recorded again below are never taken for stranded while their executors start).
+    for key in stranded:
+        backdate(env, key)
 
     reports = run_until(env, lambda: all(done(protocol, j) for j in env.admin.jobs()), what="all jobs done",
                         window=1.5, ticks=6)
@@ -278,7 +272,7 @@ def test_a_late_executor_is_fenced_after_the_reaper_took_over(worker_env: Any, r
         env.seed("e2e.hang", [{"n": 1}], retries=1)    # Priostack: retries 1 - 1 = 0, an incident
 
     env.tick(2.0)
-    assert recorder.wait_active(1, 5)                  # the executor is alive, but too slow
+    assert recorder.wait_active(1)                  # the executor is alive, but too slow
     (item,) = ledger(env)
     assert item.status is LedgerStatus.RUNNING
     backdate(env, item.key)
@@ -286,7 +280,7 @@ def test_a_late_executor_is_fenced_after_the_reaper_took_over(worker_env: Any, r
     assert second["reaped"] == 1, second
     if protocol == "priostack":                        # Pipelogiq: the refused renewal cancels it
         recorder.release.set()
-    env.stack.wait_idle(10)                            # the late executor ends without an error
+    env.stack.wait_idle()                            # the late executor ends without an error
 
     (job,) = env.admin.jobs()
     received = results(protocol, job)

@@ -39,7 +39,7 @@ def _reaper_reports_once_the_server_is_back(env: Any) -> None:
     (item,) = ledger(env)
     backdate(env, item.key)
     env.tick(0.5)
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
     assert _reports_sent(env) == DEFAULT_RETRY.attempts + 1, "the reaper tries once per reap"
     (item,) = ledger(env)
     assert item.status is LedgerStatus.OUTCOME_STORED and item.settle_failures == 2, item
@@ -64,7 +64,7 @@ def test_the_executor_sends_a_failing_report_the_policys_number_of_times(
 
     # when the executor runs the job and reports it
     env.tick(1.0)
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
 
     # then the client made the policy's attempts, and the invocation ended without an error,
     # so Lambda's asynchronous retry does not start them over

@@ -68,7 +68,7 @@ def executor_invocations(env: Any) -> int:
 
 def settled_once(env: Any, runs: Any) -> None:
     """Every job reached its one outcome (Pipelogiq applies results asynchronously: wait for it)."""
-    wait_for(lambda: all(done(env.protocol, job) for job in env.admin.jobs()), 10, "every job done")
+    wait_for(lambda: all(done(env.protocol, job) for job in env.admin.jobs()), what="every job done")
     check(observe(env, runs.counts), final_states={SUCCEEDED[env.protocol]})
 
 
@@ -83,7 +83,7 @@ def test_a_backlog_drains_with_fewer_invocations_than_jobs(worker_env: Any, runs
                                        Payload=json.dumps({"pull": {"handler": "sp.quick", "by": by}}).encode())
 
     result = env.stack.invoke("ExecutorFunction", {"ledger_key": key, "pull": True})
-    env.stack.wait_idle(60)
+    env.stack.wait_idle()
 
     assert result["action"] == "reported" and result["stopped"] == "empty", result
     assert result["self_pulled"] and {p["action"] for p in result["self_pulled"]} == {"reported"}

@@ -54,8 +54,8 @@ def test_one_tick_gets_fifty_jobs_done(worker_env: Any, recorder: Any, protocol:
 
     assert report["pulled"] == 50 and report["dispatched"] == 50, report
     assert report["duplicates"] == report["dispatch_failed"] == report["reaped"] == 0 and not report["errors"]
-    env.stack.wait_idle(30)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "all 50 jobs done")
+    env.stack.wait_idle()
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), what="all 50 jobs done")
 
     jobs = jobs_by_id(env)
     assert len(jobs) == 50

@@ -21,8 +21,8 @@ def test_the_example_echo_handler_gets_jobs_done(worker_env: Any, protocol: str)
     report = env.tick(2.0)
 
     assert report["pulled"] == 5 and report["dispatched"] == 5 and not report["errors"], report
-    env.stack.wait_idle(20)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "5 echo jobs done")
+    env.stack.wait_idle()
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), what="5 echo jobs done")
     assert len(env.admin.jobs()) == 5
-    wait_for(lambda: all(i.status == LedgerStatus.ACKNOWLEDGED for i in ledger(env)), 10, "5 ledger items settled")
+    wait_for(lambda: all(i.status == LedgerStatus.ACKNOWLEDGED for i in ledger(env)), what="5 ledger items settled")
     assert len(ledger(env)) == 5

@@ -30,8 +30,8 @@ def _warm(worker_env: Any, protocol: str) -> Any:
     env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH)
     env.seed("e2e.echo", [{"n": 1}, {"n": 2}])
     env.tick(1.5)
-    env.stack.wait_idle(30)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "the warm-up jobs done")
+    env.stack.wait_idle()
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), what="the warm-up jobs done")
     return env
 
 
@@ -80,8 +80,8 @@ def test_nothing_per_environment_survives_the_restore_hook(worker_env: Any, reco
     # and the restored runtime works: new jobs are done with new clients and connections
     env.seed("e2e.echo", [{"n": 3}, {"n": 4}])
     env.tick(1.5)
-    env.stack.wait_idle(30)
-    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), 10, "the jobs after the restore done")
+    env.stack.wait_idle()
+    wait_for(lambda: all(done(protocol, job) for job in env.admin.jobs()), what="the jobs after the restore done")
     assert env.stack.services().protocol is not protocol_client
     assert env.stack.services().store._client.client is not old_dynamodb
 

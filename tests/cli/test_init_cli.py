@@ -126,6 +126,9 @@ def in_venv(bin_dir: Path) -> dict[str, str]:
     return {**env, "VIRTUAL_ENV": str(bin_dir.parent), "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"}
 
 
+# Two fresh venvs, pip installs and the project's own test run: on a loaded machine that can
+# take more than the suite's 300 s per test. This only bounds a hang (its steps' own limits).
+@pytest.mark.timeout(1800)
 def test_a_fresh_venv_with_the_wheel_inits_a_project_whose_readme_commands_pass(tmp_path: Path) -> None:
     # given the wheel of this version (what init vendors from this editable checkout)
     seed = tmp_path / "seed"

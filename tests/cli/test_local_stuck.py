@@ -128,7 +128,7 @@ def test_ctrl_c_ends_the_run_while_a_report_waits_on_a_huge_retry_after(
     assert _input(protocol, job)["n"] == 0
     if claim_queue:
         # and the item, its lease lapsed, was not claimed again into the same hang
-        wait_for(lambda: any(h["event"] == "lapse" for h in admin.jobs()[0]["history"]), 30, "the lease to lapse")
+        wait_for(lambda: any(h["event"] == "lapse" for h in admin.jobs()[0]["history"]), what="the lease to lapse")
         events = [h["event"] for h in admin.jobs()[0]["history"]]
         assert events.count("claim") == 1 and "result" not in events, events
 

@@ -133,7 +133,7 @@ def test_the_readme_runs_as_written(tmp_path: Path, reader_env: dict[str, str],
             log = (tmp_path / f"background-{port}.log").open("wb")
             background.append(subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=tmp_path, env=reader_env,
                                                stdout=log, stderr=subprocess.STDOUT))
-            wait_for(lambda p=int(port): listening(p) or background[-1].poll() is not None, timeout=30,
+            wait_for(lambda p=int(port): listening(p) or background[-1].poll() is not None,
                      what=f"{command!r} to listen")
             assert background[-1].poll() is None, (tmp_path / f"background-{port}.log").read_text()
         elif step.action == "run":

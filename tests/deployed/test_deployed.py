@@ -251,7 +251,9 @@ def test_drain_leaves_nothing_in_flight(tier: Tier) -> None:
     def slow() -> list[dict[str, Any]]:
         return [j for j in env.admin.jobs() if j["handler"] == "e2e.slow"]
 
-    env.seed("e2e.slow", [{"sleep": 15, "n": i} for i in range(2)])
+    # Held running until the drain has begun (the drain's flag in the state table), so the
+    # drain finds both in flight however late a loaded machine brings the DrainFunction.
+    env.seed("e2e.slow", [{"sleep": 1, "until_draining": True, "n": i} for i in range(2)])
     stack.tick(8)
     wait_for(lambda: sum(i.status is LedgerStatus.RUNNING for i in ledger(env) if i.handler == "e2e.slow") == 2,
              150, "two slow jobs running in executors")

@@ -21,6 +21,7 @@ from serverless_worker.model import DispatchMode, LedgerStatus
 
 BACKLOG = 60
 SLOW = 12
+FIRST_BATCH = 3  # the stack's MaxInFlight: the jobs the first tick hands out
 
 
 def _request_id(epoch: str | None) -> str:
@@ -60,7 +61,11 @@ def test_a_backlog_drains_with_fewer_executor_invocations_than_jobs(self_pull_st
 
 def test_a_drain_in_the_middle_stops_the_pulling_executors(self_pull_stack: Env) -> None:
     env, stack = self_pull_stack, self_pull_stack.stack
-    env.seed("e2e.slow-timed-long", [{"sleep": 6, "n": i} for i in range(SLOW)])
+    # The first batch (FIFO) finishes, so its executors pull the next jobs themselves; those
+    # are held running until the drain has begun, so it comes in the middle of the backlog
+    # however late a loaded machine brings the DrainFunction.
+    env.seed("e2e.slow-timed-long", [{"sleep": 6, "n": i, "until_draining": i >= FIRST_BATCH}
+                                     for i in range(SLOW)])
     stack.tick(20)
 
     def pulling() -> bool:

@@ -153,8 +153,10 @@ def test_no_answer_within_the_read_timeout_may_have_been_sent(server: RawServer)
     started = time.monotonic()
     with pytest.raises(ServerUnavailableError) as info:
         transport.request("POST", "/r", endpoint="r", data=b"slow")
-    assert time.monotonic() - started < 2  # the read timeout, not the server's 5 s
+    # The kind says the read timeout ended it (the server would have closed without an answer,
+    # "dropped", after 5 s); the time is the same fact with room for a loaded machine.
     assert info.value.ambiguous and cause(info).kind == "read_timeout"
+    assert time.monotonic() - started < 4  # the read timeout, not the server's 5 s
 
 
 def test_a_trickling_body_must_be_complete_within_the_read_timeout(server: RawServer) -> None:
@@ -171,8 +173,10 @@ def test_a_trickling_body_must_be_complete_within_the_read_timeout(server: RawSe
     started = time.monotonic()
     with pytest.raises(ServerUnavailableError) as info:
         transport.request("POST", "/r", endpoint="r", data=b"trickle")
-    assert time.monotonic() - started < 2  # not the 5 s the whole body takes
+    # The kind says the whole-body limit ended it (a per-read timeout alone would have let the
+    # 5 s body complete); the time is the same fact with room for a loaded machine.
     assert info.value.ambiguous and cause(info).kind == "body_timeout"
+    assert time.monotonic() - started < 4  # not the 5 s the whole body takes
 
 
 def test_a_body_over_the_limit_is_cut_off_and_refused(server: RawServer) -> None:

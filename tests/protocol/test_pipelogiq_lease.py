@@ -221,7 +221,7 @@ def test_lease_expiry_recovery_redispatches_a_new_attempt(
         [old] = pull(client)
         client.acquire(old)
         client.acknowledge(old)
-        wait_for(lambda: history(admin, old.job_id, "lease_recovered"), timeout=3)
+        wait_for(lambda: history(admin, old.job_id, "lease_recovered"))
         [new] = pull(client)
         assert new.job_id == old.job_id and new.attempt == 2 and new.ledger_id != old.ledger_id
         assert refusal(lambda: client.renew(old)).reason == "stale_execution"

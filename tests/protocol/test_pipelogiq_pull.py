@@ -247,7 +247,7 @@ def test_an_unacknowledged_delivery_is_redelivered_and_its_old_token_is_404(
     job_id = admin.seed({"handler": "echo", "inputs": [1]})["jobIds"][0]
     [old] = pull(client)
     assert pull(client) == []
-    wait_for(lambda: history(admin, job_id, "visibility_requeue"), timeout=3)
+    wait_for(lambda: history(admin, job_id, "visibility_requeue"))
     [new] = pull(client)
     assert new.ledger_id == old.ledger_id
     assert new.token is not None and old.token is not None
@@ -276,8 +276,8 @@ def test_a_payload_that_cannot_be_addressed_is_never_acknowledged_away(
     assert "cannot be addressed" in caplog.text and "not acknowledged" in caplog.text
     assert secret_input not in caplog.text
     assert [e["event"] for e in overview(server)["log"]] == ["delivered"]  # no ack, no requeue
-    wait_for(lambda: [e["event"] for e in overview(server)["log"]] == ["delivered", "visibility_requeue"], 10,
-             "the visibility timeout to return the message")
+    wait_for(lambda: [e["event"] for e in overview(server)["log"]] == ["delivered", "visibility_requeue"],
+             what="the visibility timeout to return the message")
     assert overview(server)["queues"][QUEUE] == 1
 
 

@@ -20,6 +20,7 @@ from serverless_worker.runtime.session import RECOVERY_FIRST_SECONDS, SessionKee
 from serverless_worker.sandbox._server import SandboxServer
 from serverless_worker.sandbox.admin import SandboxAdmin
 from serverless_worker.state import SqliteStateStore
+from support.clock import TickClock
 from support.pipelogiq import history
 
 KEY = "sandbox-api-key"
@@ -47,15 +48,16 @@ def test_ignore_wait_answers_an_empty_pull_with_204_at_once(server: SandboxServe
     admin.faults([{"kind": "ignore_wait", "endpoint": "pull"}])
     client.open_session(WorkerIdentity(instance_id="at-once", handlers=["echo"]))
 
-    # when the client long-polls an empty queue for 5 s
+    # when the client long-polls an empty queue for the longest wait the protocol allows
+    # (a held poll would take all 20 s; "early" is under half of it, room for a loaded machine)
     started = time.monotonic()
-    got = client.pull(PullRequest(handler="echo", max_items=1, wait_seconds=5))
+    got = client.pull(PullRequest(handler="echo", max_items=1, wait_seconds=20))
     took = time.monotonic() - started
 
     # then the empty answer is a 204, and it came back too soon to count as a held long poll
     assert got == []
     assert [p["status"] for p in admin.overview()["pulls"]] == [204]
-    assert answered_early(5, took), took
+    assert answered_early(20, took), took
     # and work waiting is still handed out (the switch changes only the empty answer)
     admin.seed({"handler": "echo", "inputs": [{"n": 1}]})
     assert len(client.pull(PullRequest(handler="echo", max_items=1, wait_seconds=5))) == 1
@@ -86,10 +88,10 @@ def test_a_server_rejecting_fresh_sessions_is_rebootstrapped_at_a_doubling_pace(
     # given a server that expires every session on its first heartbeat, and a keeper on a
     # clock the test moves (jitter at the top of each step: the bare steps)
     admin.faults([{"kind": "expire_session", "endpoint": "heartbeat"}])
-    now = [time.time()]
+    clock = TickClock()
     keeper = SessionKeeper(store=SqliteStateStore(tmp_path / "state.sqlite3"), protocol_name="pipelogiq",
                            instance="paced", identity=WorkerIdentity(instance_id="paced", handlers=["echo"]),
-                           refresh_margin=0, clock=lambda: now[0], rng=lambda: 1.0)
+                           refresh_margin=0, clock=clock, rng=lambda: 1.0)
     first = keeper.ensure(client)
     assert first is not None
     beat = WorkerStatus(state="ready")
@@ -99,12 +101,12 @@ def test_a_server_rejecting_fresh_sessions_is_rebootstrapped_at_a_doubling_pace(
     # when recovery is asked for at once, then once each wait is over
     with pytest.raises(SessionRecoveryPausedError, match="next bootstrap is due in"):
         keeper.recover(client, failed=first)
-    now[0] = first.issued_at + RECOVERY_FIRST_SECONDS
+    clock.now = first.issued_at + RECOVERY_FIRST_SECONDS
     second = keeper.recover(client, failed=first)
     assert second is not None and second.issued_at > first.issued_at
     with pytest.raises(SessionExpiredError):
         client.heartbeat(beat)
-    now[0] = second.issued_at + 0.5
+    clock.now = second.issued_at + 0.5
     with pytest.raises(SessionRecoveryPausedError):
         keeper.recover(client, failed=second)
     assert keeper.recovery_pause(second) == pytest.approx(2 * RECOVERY_FIRST_SECONDS - 0.5, abs=0.01)
@@ -112,14 +114,14 @@ def test_a_server_rejecting_fresh_sessions_is_rebootstrapped_at_a_doubling_pace(
     # then the server saw one bootstrap per wait, not one per rejection
     assert admin.stats()["calls"]["bootstrap"] == 2
     # and a session rejected long after its issue is replaced at once
-    now[0] = second.issued_at + 3600
+    clock.now = second.issued_at + 3600
     assert keeper.recovery_pause(second) == 0.0
     third = keeper.recover(client, failed=second)
     assert third is not None and admin.stats()["calls"]["bootstrap"] == 3
     # as is one the server had taken before it expired it (an expiry, not a refusal loop)
     admin.clear_faults()
     client.heartbeat(beat)
-    now[0] = third.issued_at + 0.1
+    clock.now = third.issued_at + 0.1
     assert client.session_confirmed(third) and keeper.recovery_pause(third, client) == 0.0
     assert keeper.recover(client, failed=third) is not None
     assert admin.stats()["calls"]["bootstrap"] == 4

@@ -17,15 +17,28 @@ import pytest
 
 from serverless_worker.local.moto_lambda import FakeLambdaContext
 
-__all__ = ["PATHS", "PATH_SETTINGS", "on_path", "retry_invocation", "scenario", "settings", "watch_record_running"]
+__all__ = ["PATHS", "PATH_SETTINGS", "SELF_PULL_CLAIM_LEASE_SECONDS", "claim_lease", "on_path", "retry_invocation",
+           "scenario", "settings", "watch_record_running"]
 
 PATHS = ("scheduler", "self-pull")
 PATH_SETTINGS: dict[str, dict[str, Any]] = {"scheduler": {"self_pull": False}, "self-pull": {"self_pull": True}}
+# The self-pull path's handlers declare a timeout (2.5 s), and on the claim queue a delivery
+# starts only if that whole timeout fits what the unrenewable lease has left after the claim,
+# the record and the 2 s margin (runtime/budget.py). On a loaded 2-core machine those steps
+# take seconds, so a 5 s lease hands every job back as "cannot fit" and no executor ever
+# pulls; 12 s leaves room and still brings a lapsed claim back within the run.
+SELF_PULL_CLAIM_LEASE_SECONDS = 12
 
 
 def settings(path: str, **extra: Any) -> dict[str, Any]:
     """The stack's settings for ``path`` (``SW_*`` without the prefix), plus ``extra``."""
     return {**PATH_SETTINGS[path], **extra}
+
+
+def claim_lease(path: str, seconds: float) -> float:
+    """The claim queue's lease for a scenario on ``path``: ``seconds`` on the scheduler's path,
+    at least ``SELF_PULL_CLAIM_LEASE_SECONDS`` on the self-pull path."""
+    return seconds if path == "scheduler" else max(seconds, SELF_PULL_CLAIM_LEASE_SECONDS)
 
 
 def on_path(path: str, handler: str) -> str:

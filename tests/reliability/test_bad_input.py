@@ -67,7 +67,7 @@ def _ticks(env: Env, until: Callable[[], bool] | None = None, *, window: float =
         started = time.monotonic()
         report = env.tick(window)
         assert time.monotonic() - started < window + TICK_SLACK, report
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         assert env.stack.lambdas.background_errors == []
         reports.append(report)
         if poll(check, 3, interval=0.1):  # results apply asynchronously
@@ -77,7 +77,7 @@ def _ticks(env: Env, until: Callable[[], bool] | None = None, *, window: float =
 
 def _settled(env: Env) -> list[dict[str, Any]]:
     """The sandbox's jobs once each has a final protocol outcome."""
-    wait_for(lambda: _all_settled(env), 30, "every job to be settled")
+    wait_for(lambda: _all_settled(env), what="every job to be settled")
     return env.admin.jobs()
 
 

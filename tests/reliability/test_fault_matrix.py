@@ -23,9 +23,9 @@ from moto.core.exceptions import JsonRESTError
 from moto.stepfunctions.exceptions import StepFunctionsException
 
 from aws.conftest import Env
-from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, instance, ledger
+from aws.e2e_support import HANDLERS_PATH, PROTOCOLS, in_flight, ledger, replace_session_once_running
 from reliability.invariants import Observed, check, observe, record_na, record_row
-from reliability.paths import PATHS, settings
+from reliability.paths import PATHS, claim_lease, settings
 from reliability.paths import scenario as on_path_row
 from serverless_worker.model import LedgerStatus
 from serverless_worker.sandbox import create_sandbox
@@ -120,7 +120,7 @@ def _drive(env: Env, *, ticks: int = 5, window: float = 1.5, settle: float = 1.5
             reports.append(env.tick(window))
         except AssertionError as err:  # WorkerStack.invoke: the function returned an error
             failures.append(str(err)[:200])
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         if poll(lambda: until(env), settle, interval=0.1):
             return reports, failures
     return reports, failures
@@ -304,7 +304,8 @@ def test_pull_answer_lost(worker_env: Any, recorder: Any, monkeypatch: pytest.Mo
     restart (its only mechanism), after which each runs once. On the self-pull path the
     lost answer is an executor's own pull (one job): the executor stops pulling, nothing
     was recorded, and the job comes back the same way."""
-    sandbox = {"pipelogiq": {"visibility_timeout": 3}, "claimqueue": {"lease_seconds": 5}}.get(protocol)
+    claim_seconds = claim_lease(path, 5)
+    sandbox = {"pipelogiq": {"visibility_timeout": 3}, "claimqueue": {"lease_seconds": claim_seconds}}.get(protocol)
     env = _path_env(worker_env, protocol, path, sandbox=sandbox)
     _seed(env, 3, failing=False, handler=SLOW[path])
     rules = [{"kind": "drop_response", "endpoint": PULL[protocol], "count": 1}]
@@ -324,7 +325,9 @@ def test_pull_answer_lost(worker_env: Any, recorder: Any, monkeypatch: pytest.Mo
         assert not held & set(stranded.not_final), stranded.facts()  # nobody holds them
         assert not set(stranded.runs) & set(stranded.not_final), stranded.facts()
         requests.post(f"{env.server.url}/_admin/restart", timeout=5).raise_for_status()
-    reports += _drive(env, ticks=5, window=1.5)[0]
+    # Ticks until the lost work is back (the visibility timeout or the lease's lapse, on the
+    # server's real time) and settled: the count only bounds the wait.
+    reports += _drive(env, ticks=12, window=1.5)[0]
 
     observed = _checked(on_path_row(S_PULL_LOST, path), env, recorder.counts())
     assert observed.faults_fired == Counter({f"drop_response@{PULL[protocol]}": 1})
@@ -339,7 +342,7 @@ def test_pull_answer_lost(worker_env: Any, recorder: Any, monkeypatch: pytest.Mo
         detail = whose + "the lost delivery came back by the visibility timeout (3 s) and ran once"
     elif protocol == "claimqueue":
         assert _events(observed, "lapse") == 1
-        detail = whose + "the lost claim came back by its lease lapse (5 s) and ran once"
+        detail = whose + f"the lost claim came back by its lease lapse ({claim_seconds:g} s) and ran once"
     else:
         assert sum(len(j["restarts"]) for j in observed.jobs_raw.values()) == lost
         detail = whose + (f"the lost activation stranded {lost} job(s) (Priostack has no activation timeout) "
@@ -432,19 +435,12 @@ def test_session_expires_mid_run(worker_env: Any, recorder: Any, protocol: str) 
 
 @pytest.mark.parametrize("protocol", ["pipelogiq"])
 def test_session_replaced_mid_run(worker_env: Any, recorder: Any, protocol: str) -> None:
-    env = _env(worker_env, protocol, handlers=("e2e.slow",))
-    _seed(env, 4, sleep=1.5, failing=False)
+    # Handlers held running until the intruder has bootstrapped (e2e_support's
+    # replace_session_once_running): each one's next call meets the new token.
+    env = _env(worker_env, protocol, handlers=("e2e.gate",))
+    _seed(env, 4, failing=False, handler="e2e.gate")
 
-    def replace() -> None:
-        # Another bootstrap of the same instance while the executors run: every holder of
-        # the old token gets 401 "worker session replaced".
-        if recorder.wait_active(4, 10):
-            requests.post(f"{env.server.url}/workers/bootstrap", timeout=5,
-                          headers={"X-API-Key": "sandbox-api-key"},
-                          json={"workerName": "intruder", "instanceId": instance(env)}).raise_for_status()
-
-    intruder = threading.Thread(target=replace, daemon=True)
-    intruder.start()
+    intruder = replace_session_once_running(env, recorder, 4)  # while the four run
     _drive(env, ticks=4, window=2.0)
     intruder.join(5)
 
@@ -508,7 +504,7 @@ def test_overlapping_ticks(worker_env: Any, recorder: Any, protocol: str) -> Non
             thread.start()
         for thread in ticks:
             thread.join(30)
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         _drive(env, ticks=4, window=2.0)
     finally:
         stop.set()

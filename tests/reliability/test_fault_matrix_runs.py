@@ -39,7 +39,7 @@ from aws.e2e_support import (
 )
 from reliability.conftest import HANDLERS, handlers_module
 from reliability.invariants import Observed, check, observe, record_na, record_row
-from reliability.paths import PATHS, retry_invocation, scenario, settings, watch_record_running
+from reliability.paths import PATHS, claim_lease, retry_invocation, scenario, settings, watch_record_running
 from serverless_worker.model import DispatchMode, LedgerStatus, OutcomeKind
 
 pytestmark = pytest.mark.aws
@@ -109,7 +109,7 @@ def _dispatch_all(env: Env, count: int, tries: int = 3) -> None:
     reports: list[dict[str, Any]] = []
     while len(reports) < tries and sum(r["dispatched"] for r in reports) < count:
         reports.append(env.tick(2.0))
-    env.stack.wait_idle(15)
+    env.stack.wait_idle()
     assert sum(r["dispatched"] for r in reports) == count, reports
 
 
@@ -128,10 +128,13 @@ def _lambda_retry(env: Env, key: str) -> dict[str, Any]:
 
 
 # -- 1. an executor killed mid-handler ----------------------------------------------------------------------
-# Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
-# lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
-# a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load.
-KILLED_SANDBOX = {"pipelogiq": {"lease_seconds": 20}, "claimqueue": {"lease_seconds": 5}}
+def killed_sandbox(protocol: str, path: str) -> dict[str, Any] | None:
+    """Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
+    lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
+    a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load;
+    on the self-pull path one its handler's whole 2.5 s timeout fits (``claim_lease``)."""
+    return {"pipelogiq": {"lease_seconds": 20},
+            "claimqueue": {"lease_seconds": claim_lease(path, 5)}}.get(protocol)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -147,7 +150,7 @@ def test_executor_killed_mid_handler(worker_env: Any, recorder: Any, monkeypatch
     if path == "self-pull":
         _killed_mid_self_pulled_handler(worker_env, recorder, monkeypatch, protocol, recovery)
         return
-    sandbox = KILLED_SANDBOX.get(protocol)
+    sandbox = killed_sandbox(protocol, path)
     env = worker_env(protocol, handlers=["e2e.die"], handler_module=HANDLERS_PATH, sandbox=sandbox,
                      settings=settings(path))
     env.seed("e2e.die", [{"n": i} for i in range(3)], maxRetries=1, retryInterval=0)  # Priostack: retries 3
@@ -261,7 +264,7 @@ def _work_until_stuck(env: Any, jobs: int, ticks: int = 6) -> list[dict[str, Any
     reports: list[dict[str, Any]] = []
     for _ in range(ticks):
         reports.append(env.tick(2.0))
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         if len({item.delivery.job_id for item in ledger(env)}) >= jobs or reports[-1]["pulled"] == 0:
             return reports
     raise AssertionError(f"still pulling after {ticks} ticks: {ledger(env)}; {reports}")
@@ -275,7 +278,7 @@ def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch:
     final) and so cannot settle the self-pulled one: the reaper does, once its deadline passed,
     as a timeout without running the handler; the server's retry runs it again."""
     env = worker_env(protocol, handlers=["e2e.die-self-pulled"], handler_module=HANDLERS_PATH,
-                     sandbox=KILLED_SANDBOX.get(protocol), settings=settings("self-pull", **SELF_PULL))
+                     sandbox=killed_sandbox(protocol, "self-pull"), settings=settings("self-pull", **SELF_PULL))
     armed = threading.Event()
     armed.set()
 
@@ -297,7 +300,7 @@ def _killed_mid_self_pulled_handler(worker_env: Any, recorder: Any, monkeypatch:
         for item in killed:
             answer = retry_invocation(env, _request_id(item))
             assert answer.get("action") != "reported" or answer.get("ledger_key") != item.key, answer
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         assert not env.stack.lambdas.background_errors, env.stack.lambdas.background_errors
     for item in ledger(env):
         if item.key in {k.key for k in killed} and item.status is LedgerStatus.RUNNING:
@@ -353,7 +356,7 @@ def _killed_self_pulled_between_storing_and_reporting(worker_env: Any, recorder:
     assert set(stored) == set(crashed), (stored, crashed)
     for key in crashed:  # Lambda retries the dead invocation: its first delivery is final
         retry_invocation(env, _request_id(stored[key]))
-    env.stack.wait_idle(30)
+    env.stack.wait_idle()
     for item in ledger(env):
         if item.status is LedgerStatus.OUTCOME_STORED:
             backdate(env, item.key)
@@ -399,7 +402,7 @@ def test_executor_killed_after_recording_a_self_pulled_delivery(worker_env: Any,
     without running anything, and the server's retry (Pipelogiq maxRetries 1, Priostack
     retries, the claim queue's lease lapse) runs the job once."""
     env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH,
-                     sandbox=KILLED_SANDBOX.get(protocol),
+                     sandbox=killed_sandbox(protocol, "self-pull"),
                      settings=settings("self-pull", **SELF_PULL))
     store = env.stack.store()
     pending: dict[int, str] = {}  # invocation thread -> the job it recorded and has not run yet
@@ -455,7 +458,7 @@ def test_executor_killed_during_the_hand_over(worker_env: Any, recorder: Any, mo
     before N's final write. The reaper finishes N (its report is repeated and found applied)
     and settles N+1 as a timeout without running it; the server's retry runs N+1 once."""
     env = worker_env(protocol, handlers=["e2e.echo-timed"], handler_module=HANDLERS_PATH,
-                     sandbox=KILLED_SANDBOX.get(protocol),
+                     sandbox=killed_sandbox(protocol, "self-pull"),
                      settings=settings("self-pull", **SELF_PULL))
     killed: list[str] = []
     lock = threading.Lock()
@@ -525,11 +528,11 @@ def test_handler_runs_past_its_budget(worker_env: Any, fault_runs: Any, protocol
 
         assert len(abandoned()) == 3  # still running after every executor returned
         fault_runs.release.set()  # they return now; their values must go nowhere
-        wait_for(lambda: not abandoned(), 10, "the abandoned handler threads to end")
+        wait_for(lambda: not abandoned(), what="the abandoned handler threads to end")
     if protocol == "claimqueue":
-        wait_for(lambda: _settled(env), 15, "the queue's timeout to end the lapsed items")
+        wait_for(lambda: _settled(env), what="the queue's timeout to end the lapsed items")
     else:
-        wait_for(lambda: _settled(env), 5, "the timeout results to apply")
+        wait_for(lambda: _settled(env), what="the timeout results to apply")
 
     observed = _finish(f"handler past its budget ({kind})", env, fault_runs.counts(),
                        BUDGET_OUTCOME[protocol]
@@ -567,7 +570,7 @@ def test_lease_refused_mid_run(worker_env: Any, fault_runs: Any, protocol: str) 
 
     _executions_started(env, 2)
     if protocol == "pipelogiq":
-        wait_for(lambda: all(_history(j, "lease_renewed") for j in env.admin.jobs()), 15, "a first renewal")
+        wait_for(lambda: all(_history(j, "lease_renewed") for j in env.admin.jobs()), what="a first renewal")
         for job in env.admin.jobs():
             _revoke(env, job["job_id"])
     run_until(env, lambda: _settled(env), what="every job final", window=1.5, ticks=12, settle=1.0)
@@ -624,10 +627,10 @@ def test_redelivery_during_a_long_job(worker_env: Any, fault_runs: Any, protocol
 
     reports = _executions_started(env, 2)
     if protocol == "pipelogiq":
-        wait_for(lambda: all(_history(j, "visibility_requeue") for j in env.admin.jobs()), 10,
-                 "the visibility timeout to requeue both deliveries")
+        wait_for(lambda: all(_history(j, "visibility_requeue") for j in env.admin.jobs()),
+                 what="the visibility timeout to requeue both deliveries")
     elif protocol == "priostack":
-        wait_for(lambda: sum(fault_runs.counts().values()) == 2, 10, "both handlers to start")
+        wait_for(lambda: sum(fault_runs.counts().values()) == 2, what="both handlers to start")
         restart = requests.post(f"{env.server.url}/_admin/restart", timeout=5)
         restart.raise_for_status()
         assert len(restart.json()["requeued"]) == 2, restart.json()

@@ -75,7 +75,7 @@ class _Evidence:
         from serverless_worker.runtime.metrics import metrics
 
         stack = env.stack
-        stack.wait_idle(30)
+        stack.wait_idle()
         self.add("log records", caplog.text)
         self.add("log record args", [(r.name, r.msg, r.args, r.exc_text) for r in caplog.records])
         captured = capsys.readouterr()
@@ -124,7 +124,7 @@ def _run_until(env: Env, check: Callable[[], bool], ticks: list[Any], *, window:
     """Scheduler ticks until ``check()`` holds; a loaded machine may need more than one."""
     for _ in range(limit):
         ticks.append(env.tick(window))
-        env.stack.wait_idle(30)
+        env.stack.wait_idle()
         if poll(check, 5, interval=0.1):  # results apply asynchronously; executions take a moment
             return
     raise AssertionError(f"not done after {limit} ticks: {ticks[-limit:]}")

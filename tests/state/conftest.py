@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,25 +25,11 @@ from pydantic import SecretStr
 from serverless_worker.model import Delivery
 from serverless_worker.state import DynamoStateStore, SqliteStateStore, StateStore
 from serverless_worker.state.items import to_item
+from support.clock import TickClock
 from support.dynamodb import CreatedTable, create_state_table
 from support.dynamodb_local import REGION, DynamoDBLocal, unavailable_reason
 
 BACKENDS = ["moto", pytest.param("dynamodb_local", marks=pytest.mark.dynamodb_local), "sqlite"]
-
-
-class FakeClock:
-    """The store's time source. Starts at the wall clock: DynamoDB Local's TTL sweeper
-    compares ``ttl`` with real time, so fake timestamps far in the past would be deleted."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 @pytest.fixture(autouse=True)
@@ -103,8 +88,11 @@ def table(ddb: Any, backend: str) -> Iterator[CreatedTable]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> TickClock:
+    """The store's time source, moved by ``clock.advance``. It starts at the wall clock:
+    DynamoDB Local's TTL sweeper compares ``ttl`` with real time, so fake timestamps far in
+    the past would be deleted."""
+    return TickClock()
 
 
 @pytest.fixture
@@ -113,7 +101,7 @@ def sqlite_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(request: pytest.FixtureRequest, backend: str, clock: FakeClock) -> Iterator[StateStore]:
+def store(request: pytest.FixtureRequest, backend: str, clock: TickClock) -> Iterator[StateStore]:
     """The backend under test, behind the contract."""
     if backend == "sqlite":
         sqlite_store = SqliteStateStore(request.getfixturevalue("sqlite_path"), clock=clock)

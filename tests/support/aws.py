@@ -29,7 +29,7 @@ from serverless_worker.local.template import param_default, state_machine_defini
 from .dynamodb import create_state_table
 from .moto_lambda import InProcessLambda, abort_running_executions, dummy_zip
 from .template import TEMPLATE_PATH, load_template
-from .waiting import wait_for
+from .waiting import HANG_SECONDS, wait_for
 
 __all__ = ["FUNCTIONS", "MOTO_CONFIG", "REGION", "WorkerStack"]
 
@@ -166,7 +166,7 @@ class WorkerStack:
     def executions(self) -> list[dict[str, Any]]:
         return self.sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]
 
-    def wait_for_executions(self, timeout: float = 30.0) -> list[dict[str, Any]]:
+    def wait_for_executions(self, timeout: float = HANG_SECONDS) -> list[dict[str, Any]]:
         def finished() -> list[dict[str, Any]]:
             executions = self.executions()
             return executions if executions and all(e["status"] != "RUNNING" for e in executions) else []
@@ -178,8 +178,9 @@ class WorkerStack:
         events = self.sfn.get_execution_history(executionArn=execution_arn)["events"]
         return json.dumps(events, default=str)
 
-    def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait for every Event invocation (executor fan-out) to finish."""
+    def wait_idle(self, timeout: float = HANG_SECONDS) -> None:
+        """Wait for every Event invocation (executor fan-out) to finish (the limit only
+        bounds a hang)."""
         self.lambdas.drain(timeout)
 
     def close(self) -> None:
@@ -187,7 +188,7 @@ class WorkerStack:
 
         try:
             abort_running_executions()
-            self.lambdas.drain(10)
+            self.lambdas.drain(HANG_SECONDS)
         finally:
             with suppress(Exception):
                 self.services().close()

@@ -10,6 +10,7 @@ from serverless_worker.errors import LeaseRefusedError
 from serverless_worker.model import Delivery, Lease
 from serverless_worker.runtime.alarms import Alarms
 from serverless_worker.runtime.lease import LeaseKeeper
+from support.waiting import HANG_SECONDS
 
 
 def test_alarms_ring_in_time_order_and_a_cancelled_one_never_rings() -> None:
@@ -24,7 +25,7 @@ def test_alarms_ring_in_time_order_and_a_cancelled_one_never_rings() -> None:
     alarms.cancel(cancelled)
 
     # when the last one has rung
-    assert last.wait(5)
+    assert last.wait(HANG_SECONDS)
 
     # then the others rang before it, in time order, and the cancelled one not at all
     assert rung == ["first", "second"]
@@ -41,7 +42,7 @@ def test_a_failing_callback_does_not_silence_later_alarms() -> None:
     alarms.after(0.0, broken)
     alarms.after(0.02, later.set)
 
-    assert later.wait(5)
+    assert later.wait(HANG_SECONDS)
 
 
 class _Protocol:
@@ -104,7 +105,7 @@ def test_a_job_that_outlives_its_renewal_interval_renews_until_the_lease_is_refu
 
     # when three renewals have been tried
     for _ in range(3):
-        assert protocol.renewed.acquire(timeout=5)
+        assert protocol.renewed.acquire(timeout=HANG_SECONDS)
     keeper.stop()
 
     # then two renewed, the third lost the lease once, and renewing stopped there

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from serverless_worker.local.daemon_pool import DaemonPool
+from support.waiting import HANG_SECONDS
 
 
 def test_at_most_the_pool_s_size_runs_at_once_and_the_rest_wait_their_turn() -> None:
@@ -25,20 +26,20 @@ def test_at_most_the_pool_s_size_runs_at_once_and_the_rest_wait_their_turn() -> 
         with lock:
             started.append(name)
         two_started.release()
-        release.wait(10)
+        release.wait(HANG_SECONDS)  # busy until the test releases it
         all_done.release()
 
     for name in "abcd":
         pool.submit(functools.partial(call, name))
 
     # then two start, on daemon threads, and the others only once those finish
-    assert two_started.acquire(timeout=10) and two_started.acquire(timeout=10)
+    assert two_started.acquire(timeout=HANG_SECONDS) and two_started.acquire(timeout=HANG_SECONDS)
     threads = [t for t in threading.enumerate() if t.name.startswith("test_")]
     assert len(threads) == 2 and all(t.daemon for t in threads)
     assert started == ["a", "b"]  # both threads are busy: c and d wait
     release.set()
     for _ in range(4):
-        assert all_done.acquire(timeout=10)
+        assert all_done.acquire(timeout=HANG_SECONDS)
     assert started == ["a", "b", "c", "d"]
     pool.shutdown(wait=True)
     assert not [t for t in threading.enumerate() if t.name.startswith("test_")]
@@ -53,7 +54,7 @@ def test_a_failing_call_does_not_stop_the_next_and_a_shut_down_pool_refuses_work
 
     pool.submit(fail)
     pool.submit(ran.set)
-    assert ran.wait(10)
+    assert ran.wait(HANG_SECONDS)
     pool.shutdown(wait=True)
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(ran.set)

@@ -23,6 +23,7 @@ from serverless_worker.local.moto_lambda import InProcessLambda, dummy_zip
 from serverless_worker.local.observe import RunObserver
 from serverless_worker.runtime.dispatch import AwsDispatcher, DispatchError
 from support.aws_env import use_fake_aws_credentials
+from support.waiting import HANG_SECONDS
 
 REGION = "eu-west-1"
 MOTO_CONFIG: Any = {"stepfunctions": {"execute_state_machine": True}}
@@ -125,7 +126,7 @@ def executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessLambda]:
             FunctionName="executor", Runtime="python3.13", Role=role, Handler="app.handler",
             Code={"ZipFile": dummy_zip()})
         yield lambdas
-        lambdas.drain(5)
+        lambdas.drain(HANG_SECONDS)
 
 
 def test_the_executor_events_are_the_ledger_key_the_full_pull_flag_and_the_puller(

@@ -14,6 +14,7 @@ import pytest
 
 from serverless_worker.state import SqliteStateStore, StateStoreError
 from serverless_worker.state.group_commit import GroupCommit
+from support.waiting import HANG_SECONDS, wait_for
 
 
 class _Connections:
@@ -59,19 +60,16 @@ def _held_group(commits: GroupCommit, first: object) -> tuple[threading.Event, t
 
     def hold(db: sqlite3.Connection) -> object:
         inside.set()
-        release.wait(10)
+        release.wait(HANG_SECONDS)  # the turn is held until the test releases it
         return first
 
     threading.Thread(target=commits.run, args=(hold,), daemon=True).start()
-    assert inside.wait(5)
+    assert inside.wait(HANG_SECONDS)
     return inside, release
 
 
 def _wait_queued(commits: GroupCommit, count: int) -> None:
-    deadline = time.monotonic() + 5
-    while commits.queued < count:
-        assert time.monotonic() < deadline, f"only {commits.queued} of {count} writes queued"
-        time.sleep(0.001)
+    wait_for(lambda: commits.queued >= count, what=f"{count} writes queued", interval=0.001)
 
 
 def test_a_write_returns_its_result_once_committed(connections: _Connections) -> None:
@@ -88,7 +86,7 @@ def test_writes_queued_while_one_commits_are_committed_together(connections: _Co
         futures = [pool.submit(commits.run, _insert(f"k{i}", i)) for i in range(6)]
         _wait_queued(commits, 6)
         release.set()
-        assert [f.result(5) for f in futures] == [1] * 6
+        assert [f.result(HANG_SECONDS) for f in futures] == [1] * 6
     assert commits.commits == 2  # the held write's group, then one for all six
     assert connections.committed() == {f"k{i}": i for i in range(6)}
 
@@ -107,9 +105,9 @@ def test_a_write_that_raises_is_rolled_back_alone_and_raises_in_its_own_thread(c
         after = pool.submit(commits.run, _insert("after", 2))
         _wait_queued(commits, 3)
         release.set()
-        assert before.result(5) == 1 and after.result(5) == 1
+        assert before.result(HANG_SECONDS) == 1 and after.result(HANG_SECONDS) == 1
         with pytest.raises(ValueError, match="too large"):
-            failing.result(5)
+            failing.result(HANG_SECONDS)
     assert commits.commits == 2
     assert connections.committed() == {"before": 1, "after": 2}
 
@@ -126,7 +124,7 @@ def test_each_write_sees_the_writes_before_it_in_its_group(connections: _Connect
         futures = [pool.submit(commits.run, bump) for _ in range(5)]
         _wait_queued(commits, 5)
         release.set()
-        assert sorted(f.result(5) for f in futures) == [1, 2, 3, 4, 5]
+        assert sorted(f.result(HANG_SECONDS) for f in futures) == [1, 2, 3, 4, 5]
     assert connections.committed() == {"n": 5}
 
 
@@ -146,7 +144,7 @@ def test_a_failed_commit_fails_every_write_in_the_group(connections: _Connection
         release.set()
         for future in (good, bad):
             with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-                future.result(5)
+                future.result(HANG_SECONDS)
     assert connections.committed() == {}
     assert commits.run(_insert("later", 3)) == 1  # the next group starts clean
     assert connections.committed() == {"later": 3}
@@ -220,9 +218,9 @@ def test_a_thread_interrupted_while_it_waits_never_strands_the_writes_after_it(
     later.start()
     _wait_queued(commits, 2)
     release.set()
-    later.join(5)
+    later.join(HANG_SECONDS)
     assert results == [1], "the write queued after the interrupted thread's was stranded"
-    thread.join(5)
+    thread.join(HANG_SECONDS)
     assert interrupted.is_set() and raised
     assert connections.committed() == {"first": 1, "later": 2}
 
@@ -234,7 +232,7 @@ def _waited_behind(commits: GroupCommit, release: threading.Event, write: Callab
         waiting = pool.submit(commits.run, write)
         _wait_queued(commits, queued)
         release.set()
-        return waiting.result(5)
+        return waiting.result(HANG_SECONDS)
 
 
 def test_a_write_submitted_without_waiting_is_carried_by_the_next_group(connections: _Connections) -> None:
@@ -258,10 +256,8 @@ def test_with_only_unwaited_writes_queued_the_leader_commits_them_before_it_stop
     for i in range(3):
         commits.submit(_insert(f"u{i}", i), lambda err: None)
     release.set()
-    deadline = time.monotonic() + 5
-    while connections.committed() != {"u0": 0, "u1": 1, "u2": 2}:
-        assert time.monotonic() < deadline, f"unwaited writes stranded: {connections.committed()}"
-        time.sleep(0.005)
+    wait_for(lambda: connections.committed() == {"u0": 0, "u1": 1, "u2": 2},
+             what="the unwaited writes committed (not stranded)", interval=0.005)
     assert commits.run(_insert("after", 9)) == 1  # nobody is left leading by mistake
 
 
@@ -311,7 +307,7 @@ def test_flush_commits_the_unwaited_writes_an_interrupted_leader_left(connection
             interrupted.append(True)
             other = threading.Thread(target=commits.submit, args=(_insert("queued", 1), lambda err: None))
             other.start()
-            other.join(5)
+            other.join(HANG_SECONDS)
             raise KeyboardInterrupt
         commit(group)
 

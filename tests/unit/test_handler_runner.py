@@ -18,6 +18,7 @@ from serverless_worker.handler_runner import MAX_MESSAGE_BYTES, CancelSignal, Ru
 from serverless_worker.job_control import cancel_job
 from serverless_worker.model import Delivery, OutcomeKind
 from serverless_worker.registry import HandlerSpec
+from support.waiting import HANG_SECONDS
 
 SECRET = "4111-1111-SECRET-VALUE"
 BUDGET = 0.2
@@ -423,7 +424,7 @@ def test_an_uncooperative_handler_is_abandoned_after_the_grace(release: threadin
     after: list[str] = []
 
     def fn(job: Job[Any]) -> None:
-        release.wait(10)  # ignores job.cancelled
+        release.wait(HANG_SECONDS)  # ignores job.cancelled, until the test ends
         after.append("finished late")
 
     started = time.monotonic()
@@ -435,7 +436,7 @@ def test_an_uncooperative_handler_is_abandoned_after_the_grace(release: threadin
     assert outcome is not None
     assert outcome.kind is OutcomeKind.TIMEOUT
     assert "did not stop within 0.1s and its thread was abandoned" in (outcome.message or "")
-    assert BUDGET + 0.1 <= elapsed < 5  # abandoned after the grace, not after the handler's 10 s
+    assert BUDGET + 0.1 <= elapsed < 15  # abandoned after the grace, not when the handler returns
     assert after == []
 
 
@@ -444,7 +445,7 @@ def test_the_handlers_own_timeout_caps_the_budget() -> None:
     outcome = run(lambda job: job.wait(30), budget=30, spec_options={"timeout": BUDGET}).outcome
 
     assert outcome is not None and outcome.kind is OutcomeKind.TIMEOUT
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # the handler's 0.2 s timeout, not the 30 s budget
 
 
 @pytest.mark.parametrize("budget", [0, -1, math.nan])
@@ -492,7 +493,7 @@ def test_external_cancellation_stops_the_handler_with_its_reason(reason: str, ki
     assert (outcome.kind, outcome.error_code) == (kind, code)
     assert seen == [True, reason]
     assert result.started is True
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # the cancel, not the 30 s wait
 
 
 def test_a_plain_event_reads_as_lease_lost(release: threading.Event) -> None:
@@ -500,7 +501,7 @@ def test_a_plain_event_reads_as_lease_lost(release: threading.Event) -> None:
 
     def fn(job: Job[Any]) -> None:
         event.set()
-        release.wait(10)
+        release.wait(HANG_SECONDS)
 
     outcome = run(fn, budget=30, cancel_event=event, grace_seconds=0.05).outcome
 
@@ -554,14 +555,14 @@ def test_a_failing_watcher_is_not_swallowed_and_the_handler_is_told_to_stop(erro
 
     def fn(job: Job[Any]) -> None:
         clock.fail_with = error
-        seen.append(job.wait(5))
+        seen.append(job.wait(HANG_SECONDS))  # woken by the runner, however late on a loaded machine
         seen.append(job.cancel_reason)
         stopped.set()
 
     with pytest.raises(type(error)):
         run(fn, budget=30, cancel_event=CancelSignal(), clock=clock)
 
-    assert stopped.wait(2)
+    assert stopped.wait(HANG_SECONDS)
     assert seen == [True, "shutdown"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from serverless_worker.handler_threads import HandlerThreads
+from support.waiting import HANG_SECONDS, wait_for
 
 
 def _run_and_wait(pool: HandlerThreads, name: str) -> tuple[str, int]:
@@ -17,16 +18,12 @@ def _run_and_wait(pool: HandlerThreads, name: str) -> tuple[str, int]:
         done.set()
 
     pool.run(name, task)
-    assert done.wait(5)
+    assert done.wait(HANG_SECONDS)
     return seen[0]
 
 
 def _wait_idle(pool: HandlerThreads, count: int) -> None:
-    for _ in range(500):
-        if pool.idle() == count:
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError(f"expected {count} idle threads, have {pool.idle()}")
+    wait_for(lambda: pool.idle() == count, what=f"{count} idle threads", interval=0.01)
 
 
 def test_a_finished_run_leaves_its_thread_to_the_next_under_the_next_name() -> None:
@@ -50,10 +47,10 @@ def test_a_busy_thread_is_not_given_more_work_and_idle_threads_are_bounded() -> 
 
     def stuck() -> None:
         blocked.set()
-        release.wait(5)
+        release.wait(HANG_SECONDS)  # busy until the test releases it
 
     pool.run("sw-handler-stuck", stuck)
-    assert blocked.wait(5)
+    assert blocked.wait(HANG_SECONDS)
 
     # when another run comes while it is busy, it gets a thread of its own
     _, other = _run_and_wait(pool, "sw-handler-other")
@@ -62,8 +59,6 @@ def test_a_busy_thread_is_not_given_more_work_and_idle_threads_are_bounded() -> 
 
     # and when the stuck one finishes too, only one thread stays idle
     release.set()
-    for _ in range(500):
-        if not any(t.name == "sw-handler-stuck" for t in threading.enumerate()):
-            break
-        threading.Event().wait(0.01)
+    wait_for(lambda: not any(t.name == "sw-handler-stuck" for t in threading.enumerate()),
+             what="the stuck run to finish", interval=0.01)
     assert pool.idle() == 1

@@ -15,19 +15,13 @@ from serverless_worker.local.observe import RunObserver
 from serverless_worker.local.state_file import LocalState
 from serverless_worker.model import Delivery, LedgerStatus
 from serverless_worker.state import FINAL_RETENTION_SECONDS, DynamoStateStore, SqliteStateStore
+from support.clock import TickClock
 
 RETENTION = 600
+START = 1_900_000_000.0  # the fake clock's first reading
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_900_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _store(path: Path, clock: Clock, swept: list[str] | None = None) -> SqliteStateStore:
+def _store(path: Path, clock: TickClock, swept: list[str] | None = None) -> SqliteStateStore:
     # A sweep interval longer than any test: only the explicit sweep() calls delete.
     return SqliteStateStore(path, clock=clock, final_retention_seconds=RETENTION, sweep_interval=1e9,
                             on_swept=swept.extend if swept is not None else None)
@@ -38,7 +32,7 @@ def _delivery(ledger_id: str) -> Delivery:
                     attempt=1, payload={"n": 1}, timeout_seconds=30.0, token=SecretStr("t0ken"), wire={})
 
 
-def _settle(store: SqliteStateStore, clock: Clock, ledger_id: str) -> str:
+def _settle(store: SqliteStateStore, clock: TickClock, ledger_id: str) -> str:
     key = store.record_delivery(_delivery(ledger_id), instance="local", deadline=clock.now + 60,
                                 dispatch_mode="invoke")
     assert key is not None
@@ -47,7 +41,7 @@ def _settle(store: SqliteStateStore, clock: Clock, ledger_id: str) -> str:
 
 
 def test_sweep_deletes_expired_items_and_keeps_live_ones(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = TickClock(START)
     swept: list[str] = []
     store = _store(tmp_path / "state.sqlite3", clock, swept)
     old = _settle(store, clock, "old")
@@ -76,7 +70,7 @@ def test_sweep_deletes_expired_items_and_keeps_live_ones(tmp_path: Path) -> None
 
 def test_a_redelivery_recorded_after_the_sweep_is_new(tmp_path: Path) -> None:
     """Duplicate detection lasts the retention: after the sweep the same ledger id records again."""
-    clock = Clock()
+    clock = TickClock(START)
     store = _store(tmp_path / "state.sqlite3", clock)
     key = _settle(store, clock, "again")
     assert store.record_delivery(_delivery("again"), instance="local", deadline=clock.now + 60,
@@ -89,7 +83,7 @@ def test_a_redelivery_recorded_after_the_sweep_is_new(tmp_path: Path) -> None:
 
 def test_the_file_keeps_settled_items_across_runs_until_their_retention(tmp_path: Path) -> None:
     """A restart on the same file still knows a delivery settled a minute ago (a duplicate)."""
-    clock = Clock()
+    clock = TickClock(START)
     path = tmp_path / "state.sqlite3"
     first = _store(path, clock)
     _settle(first, clock, "kept")
@@ -101,7 +95,7 @@ def test_the_file_keeps_settled_items_across_runs_until_their_retention(tmp_path
 
 
 def test_the_summary_reads_this_runs_share_of_a_kept_file(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = TickClock(START)
     store = _store(tmp_path / "state.sqlite3", clock)
     earlier = _settle(store, clock, "earlier")
     left = store.record_delivery(_delivery("left"), instance="local", deadline=clock.now + 60,

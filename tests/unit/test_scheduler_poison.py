@@ -135,7 +135,7 @@ def test_a_poisoned_job_gets_its_outcome_and_the_rest_of_its_batch_is_dispatched
         return next(job for job in admin.jobs() if job.get("key", job.get("job_id", job.get("id"))) == ids[2])
 
     if protocol == "pipelogiq":  # its server applies a result after answering 202
-        wait_for(lambda: poisoned()["status"] != "Running", 10, "the poisoned stage's result applied")
+        wait_for(lambda: poisoned()["status"] != "Running", what="the poisoned stage's result applied")
     text = poisoned_outcome(protocol, poisoned())
     assert "VALIDATION_ERROR" in text or protocol != "priostack", text
     assert reason in text and "cannot record" in text, text
