@@ -65,6 +65,7 @@ class RunObserver:
         self._jobs: dict[str, _Job] = {}             # job id -> its deliveries (DeliveryWatcher)
         self._unsettled: dict[str, str] = {}         # job id -> why it has no definite outcome
         self._unusable: Counter[str] = Counter()     # answers the worker could not use, by reason
+        self._not_asked: Counter[str] = Counter()    # deliveries given back as not asked for, by kind
         self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
 
     def restart_clock(self) -> None:
@@ -129,6 +130,18 @@ class RunObserver:
         Thread-safe and without I/O."""
         with self._lock:
             self._unusable[str(reason)] += 1
+
+    def not_asked_for(self, kind: str) -> None:
+        """A pull brought a delivery it did not ask for (``kind``: ``type``, ``criteria`` or
+        ``count``; ``runtime/pulling.py``), given back untouched. Counted by kind; the
+        summary sums them and the run exits ``EXIT_INCOMPLETE`` (1). Thread-safe, no I/O."""
+        with self._lock:
+            self._not_asked[str(kind)] += 1
+
+    def not_asked_for_counts(self) -> Counter[str]:
+        """Kind -> deliveries, as reported to :meth:`not_asked_for` so far."""
+        with self._lock:
+            return Counter(self._not_asked)
 
     def unsettled_deliveries(self) -> dict[str, str]:
         """Job id -> why, as reported to :meth:`unsettled` so far."""

@@ -448,6 +448,11 @@ class LocalRunner:
                 continue
             for reason in report.unusable:
                 self._observer.unusable_answer(reason)
+            for unasked in report.not_asked_for:
+                self._observer.not_asked_for(unasked["kind"])
+                if not unasked["given_back"]:
+                    self._observer.unsettled(unasked["job_id"], f"not asked for ({unasked['why']}); giving it "
+                                             "back failed")
             if self._reached(report):
                 self._reached_server, failures, self._last_warning = True, 0, ""
             self._first_tick_done.set()
@@ -581,7 +586,7 @@ class LocalRunner:
                          handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
                          admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
                          store_ops=dict(services.store.ops), unsettled=observer.unsettled_deliveries(),
-                         unusable=observer.unusable_answers(),
+                         unusable=observer.unusable_answers(), not_asked_for=observer.not_asked_for_counts(),
                          deliberate=sandbox.deliberate if sandbox is not None else None)
 
     def _exit_status(self, summary: RunSummary, forced: bool) -> int:
@@ -601,6 +606,11 @@ class LocalRunner:
         if summary.unusable:
             self.console.print(f"serverless-worker local: the server sent {sum(summary.unusable.values())} "
                                "answers the worker could not use (listed above)", highlight=False, markup=False)
+            return EXIT_INCOMPLETE
+        if summary.not_asked_for:
+            self.console.print(f"serverless-worker local: the server sent {sum(summary.not_asked_for.values())} "
+                               "deliveries the worker did not ask for, each given back untouched (see the log)",
+                               highlight=False, markup=False)
             return EXIT_INCOMPLETE
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:

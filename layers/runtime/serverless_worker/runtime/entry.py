@@ -140,6 +140,7 @@ def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[st
     m.add("DispatchFailed", report.dispatch_failed)
     m.add("StrandedReaped", report.reaped)
     m.add("PullersStarted", report.pullers)
+    m.add("DeliveriesNotAskedFor", len(report.not_asked_for))
     if not any(e.startswith("pull:") for e in report.errors) and report.pulls:
         m.add("SuccessfulPolls", 1)
     m.flush()
@@ -175,6 +176,8 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
             log.warning("delivery %s left to the reaper: %s", key, err)
             result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
         m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
+    if result.get("not_asked_for"):
+        m.add("DeliveriesNotAskedFor", result["not_asked_for"])
     for pulled in result.get("self_pulled") or ():  # Jobs_<action> once per delivery, not per invocation
         m.add(f"Jobs_{pulled['action']}", 1)
         m.add("SelfPulled", 1)

@@ -81,7 +81,7 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike, *,
         if loop is not None:
             loop.after(settlement)
             loop.run()
-            result.update(self_pulled=loop.self_pulled, stopped=loop.stopped)
+            result.update(self_pulled=loop.self_pulled, stopped=loop.stopped, **_unasked(loop))
         return result
 
 
@@ -98,7 +98,12 @@ def pull_for(services: Services, handler: str, by: float, context: LambdaContext
             return {"handler": handler, "self_pulled": [], "stopped": "refused"}
         loop.first()
         loop.run()
-        return {"handler": handler, "self_pulled": loop.self_pulled, "stopped": loop.stopped}
+        return {"handler": handler, "self_pulled": loop.self_pulled, "stopped": loop.stopped, **_unasked(loop)}
+
+
+def _unasked(loop: SelfPull) -> dict[str, int]:
+    """``not_asked_for``: the deliveries its pulls gave back untouched, when there were any."""
+    return {"not_asked_for": loop.not_asked_for} if loop.not_asked_for else {}
 
 
 def _loop(services: Services, context: LambdaContextLike, handler: str, *, taken: int) -> SelfPull | None:

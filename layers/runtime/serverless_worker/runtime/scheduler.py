@@ -51,7 +51,7 @@ from .context import LambdaContextLike
 from .control import CONTROL_CHECK_SECONDS
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
-from .pulling import criteria, discard_duplicate, long_running, pull_noting_unaddressable
+from .pulling import NotAskedFor, criteria, discard_duplicate, long_running, pull_asked_for
 from .reaper import reap
 from .services import Services
 from .settle import hand_back, handback_epoch
@@ -98,6 +98,9 @@ class TickReport:
     pullers: int = 0  # executors started without a delivery to pull their own (setting self_pull)
     pullers_failed: int = 0  # puller invokes that did not go through (their slots freed at once)
     handed_back: int = 0  # pulled as a drain or stop began: recorded and handed back unstarted
+    # Deliveries a pull brought that it did not ask for, given back untouched (runtime/pulling.py):
+    # {"job_id", "why", "kind", "given_back"} each.
+    not_asked_for: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -408,7 +411,8 @@ class Scheduler:
         asked_at = services.clock()
         note = functools.partial(self._note_unaddressable, report)
         try:
-            deliveries = services.call(lambda p: pull_noting_unaddressable(p, request, note))
+            deliveries = pull_asked_for(services, request, unaddressable=note,
+                                        not_asked=functools.partial(self._note_not_asked, report))
         except RateLimitedError as err:
             self._sleep(min(err.retry_after or 1.0, max(0.0, left)))
             return []
@@ -454,6 +458,11 @@ class Scheduler:
         with self._report_lock:
             report.unusable.extend(f"pull: a delivery with {lack}, left to the server's own "
                                    "return path" for lack in lacks)
+
+    def _note_not_asked(self, report: TickReport, unasked: NotAskedFor) -> None:
+        with self._report_lock:
+            report.not_asked_for.append({"job_id": unasked.job_id, "why": unasked.why, "kind": unasked.kind,
+                                         "given_back": unasked.given_back})
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
                       handlers: int, *, hurry: bool = False) -> list[Delivery]:
