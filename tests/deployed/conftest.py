@@ -35,6 +35,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aws"))  # aws.test_short_path imports e2e_support
 
 from aws.conftest import Env
+from deployed.aws_calls import CallRecord
 from deployed.init_project import (
     GREETINGS,
     INIT_FUNCTIONS,
@@ -72,6 +73,8 @@ PARAMETERS = {
     "PollWindowSeconds": "40", "Liveness": "while-work", "LeaseRenewSeconds": "2",
     "ExecutorTimeoutSeconds": "60", "ExecutorMemorySize": "256", "ExecutorReservedConcurrency": "10",
     "MaxInFlight": "3", "SchedulerTracing": "PassThrough", "LogLevel": "INFO",
+    # Every function logs the AWS calls it makes, for `make iam-proof` (deployed/aws_calls.py).
+    "RecordAwsCalls": "true",
 }
 
 
@@ -170,14 +173,30 @@ def _sandbox(protocol: str, key: str) -> SandboxServer:
     return SandboxServer(create_sandbox(protocol, **SANDBOX_CONFIG[protocol], **auth)).start()
 
 
+BUILD_DIR = ROOT / ".aws-sam" / "deployed" / "build"
+
+
 @pytest.fixture(scope="session")
-def tier(localstack: str) -> Iterator[Tier]:
+def call_record(localstack: str) -> Iterator[CallRecord]:
+    """The AWS calls of every stack deployed with RecordAwsCalls, written at the session's
+    end for `make iam-proof` (while LocalStack still runs: this outlasts the stacks' fixtures)."""
+    record = CallRecord(template=BUILD_DIR / "template.yaml")
+    yield record
+    if record.stacks:
+        try:
+            print(f"\naws calls recorded for the IAM proof: {record.write()}")
+        except Exception as err:  # the proof then says the record is missing; the tier's own result stands
+            print(f"\naws calls not recorded for the IAM proof: {type(err).__name__}: {err}")
+
+
+@pytest.fixture(scope="session")
+def tier(localstack: str, call_record: CallRecord) -> Iterator[Tier]:
     from aws.test_short_path import _seed_outcomes
     from serverless_worker.sandbox import pipelogiq as pipelogiq_sandbox
 
     started = time.monotonic()
     run = uuid.uuid4().hex[:6]
-    sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=ROOT / ".aws-sam" / "deployed" / "build",
+    sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=BUILD_DIR,
               bucket=f"sw-deployed-{run}", log_dir=ROOT / ".aws-sam" / "deployed" / "logs")
     tokens = _Tokens()  # Pipelogiq session and delivery tokens that carry MARK
     original_secrets = pipelogiq_sandbox.secrets
@@ -225,6 +244,8 @@ def tier(localstack: str) -> Iterator[Tier]:
         def deploy(stack: DeployedStack) -> None:
             stack.deploy_seconds = sam.deploy(stack.name, stack.parameters, templates.get(stack.name))
             stack.load_outputs()
+            if stack.name not in templates:  # the main template's stacks record their AWS calls
+                call_record.deployed(stack)
 
         deploy_started = time.monotonic()
         every = [*stacks.values(), init_stack]
@@ -273,14 +294,14 @@ SELF_PULL_PARAMETERS = {"SelfPull": "true", "Handlers": "e2e.echo-timed,e2e.slow
 
 
 @pytest.fixture(scope="module")
-def self_pull_stack(localstack: str) -> Iterator[Env]:
+def self_pull_stack(localstack: str, call_record: CallRecord) -> Iterator[Env]:
     """One stack deployed with ``SelfPull=true`` against its own sandbox, deleted afterwards;
     built by this session's tier if it ran, else here."""
     run = uuid.uuid4().hex[:6]
     if _BUILT:
         sam = _BUILT[-1]
     else:
-        sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=ROOT / ".aws-sam" / "deployed" / "build",
+        sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=BUILD_DIR,
                   bucket=f"sw-deployed-sp-{run}", log_dir=ROOT / ".aws-sam" / "deployed" / "logs")
         sam.build()
         clients("s3").create_bucket(Bucket=sam.bucket)
@@ -294,6 +315,7 @@ def self_pull_stack(localstack: str) -> Iterator[Env]:
     try:
         stack.deploy_seconds = sam.deploy(stack.name, stack.parameters)
         stack.load_outputs()
+        call_record.deployed(stack)
         yield env
     finally:
         try:
