@@ -58,14 +58,14 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..protocols.transport import display_url
-from ..runtime.context import LambdaContextLike, LocalContext
+from ..runtime.context import LambdaContextLike, LocalContext, invocation_time_limit
 from ..runtime.drain import drain, resume_pulling
-from ..runtime.executor import execute
+from ..runtime.executor import execute_or_defer
 from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
-from ..waits import abandon_waits, allow_waits, time_limit
+from ..waits import abandon_waits, allow_waits, end_waits_by, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, new_key
 from .dispatcher import LocalDispatcher
@@ -92,6 +92,12 @@ EXIT_INCOMPLETE = 1      # a delivery was left without a definite outcome, the s
 EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permissions, names), or
                          # speaks a protocol version none of whose deliveries can be addressed
 EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
+
+# Once a stop is requested (Ctrl-C, SIGTERM, idleness, a fatal tick), every wait on the
+# server's word ends this soon and no call is retried after it, whatever the server answers:
+# the drain's own calls go once each, and the run ends within about 5 s plus one request's
+# timeout (a handler still running keeps the drain's grace).
+STOP_WAIT_SECONDS = 3.0
 
 # A tick that ends with one of these cannot succeed by trying again: the configuration is wrong.
 # Errors that no number of retries can cure: the run stops with EXIT_CONFIGURATION. An
@@ -243,7 +249,8 @@ class LocalRunner:
         shared: list[Services] = []
 
         def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-            return run_step(shared[0], event, context)
+            with invocation_time_limit(context):  # as Lambda's entry runs a step
+                return run_step(shared[0], event, context)
 
         # moto only for the long-running path: its Step Functions interpreter runs the real
         # ASL. Started before the first tick (0.6 s): started beside it, its imports slowed
@@ -267,7 +274,7 @@ class LocalRunner:
                             watcher=self._observer, sleep=self._sleep)  # a refused job's wait ends on a stop
         shared.append(services)
         cleanup.callback(services.close)
-        dispatcher.attach(lambda key, context: execute(services, key, context))
+        dispatcher.attach(lambda key, context: execute_or_defer(services, key, context))
         scheduler = Scheduler(services, sleep=self._sleep, dispatch_workers=min(16, concurrency),
                               wait_for_capacity=self._wait_for_capacity)
         cleanup.callback(scheduler.close)
@@ -515,11 +522,22 @@ class LocalRunner:
                       handed_back=jobs.handed_back, discarded=jobs.discarded)
 
     def _deliveries_running(self) -> int:
-        """Deliveries dispatched and not settled, an executor that failed every retry counted
-        as settled (nothing will settle it in this run): what idleness waits for."""
+        """Deliveries something in this run still works on: what idleness waits for. The least
+        of two counts, each blind where the other sees: those dispatched and not settled (an
+        executor that failed every retry counted as settled: nothing will settle it in this
+        run), and the ledger's in flight less those whose settling the client gave up on
+        (their outcome stored, left to the reaper: the drain tries each once more)."""
         counters = self._services.counters.totals()
         settled = sum(counters.get(name, 0) for name in ("processed", "handed_back", "discarded"))
-        return max(0, self._observer.arrivals - settled - self._observer.executor_errors)
+        dispatched = max(0, self._observer.arrivals - settled - self._observer.executor_errors)
+        if dispatched == 0:
+            return 0
+        services = self._services
+        try:
+            items = services.store.in_flight(services.protocol_name, services.instance)
+        except ServerlessWorkerError:
+            return dispatched
+        return min(dispatched, sum(1 for item in items if not item.settle_failures))
 
     def _request_stop(self, reason: str, exit_status: int | None = None, never_reached: bool = False) -> None:
         with self._stop_lock:
@@ -527,6 +545,7 @@ class LocalRunner:
                 self._stop = _Stop(reason, exit_status, never_reached)
         if self._dispatcher is not None:
             self._dispatcher.stop_starting()  # from now on, a delivery pulled is handed back unstarted
+        end_waits_by(time.monotonic() + STOP_WAIT_SECONDS)  # no wait on the server's word outlasts the stop
         self._stop_requested.set()
         self._observer.capacity.set()
 

@@ -414,7 +414,13 @@ class Scheduler:
             deliveries = pull_asked_for(services, request, unaddressable=note,
                                         not_asked=functools.partial(self._note_not_asked, report))
         except RateLimitedError as err:
-            self._sleep(min(err.retry_after or 1.0, max(0.0, left)))
+            # The server's hint, but never past the window nor the configured maximum: one pull
+            # per pause, never a storm, and a stop ends the pause (the local runner's sleep).
+            pause = min(err.retry_after or 1.0, max(0.0, left), settings.max_wait_seconds)
+            if err.retry_after is not None and err.retry_after > pause:
+                log.info("pull rate limited: the server asked to wait %.10g s (Retry-After); pausing %.1f s, "
+                         "the most this tick waits", err.retry_after, pause)
+            self._sleep(pause)
             return []
         except ServerUnavailableError as err:
             self._note_error(report, f"pull: {err}")
