@@ -153,6 +153,7 @@ class LocalRunner:
         self._server_errors = 0
         self._last_warning = ""  # the last "tick ended early" logged, so a repeat is not logged again
         self._first_tick_done = threading.Event()
+        self._scheduler_ready = threading.Event()  # _scheduler is set (a stop may come before)
         self._last_trouble = ""  # the last tick error, for the one line when nothing got through
         self._observer = RunObserver()
         self._services: Services      # set by _work, before anything reads them
@@ -322,6 +323,7 @@ class LocalRunner:
         """Tick until asked to stop, then drain; returns whether a second signal cut it short."""
         self._services = services
         self._scheduler = scheduler
+        self._scheduler_ready.set()
         ticker = threading.Thread(target=self._tick_loop, name="scheduler-ticks", daemon=True)
         self._observer.restart_clock()
         unfit_seen = metrics.totals["HandlerCannotFit"]  # before the first tick, which may add one
@@ -546,6 +548,8 @@ class LocalRunner:
         if self._dispatcher is not None:
             self._dispatcher.stop_starting()  # from now on, a delivery pulled is handed back unstarted
         end_waits_by(time.monotonic() + STOP_WAIT_SECONDS)  # no wait on the server's word outlasts the stop
+        if self._scheduler_ready.is_set():
+            self._scheduler.halt()  # no pull after this: the tick's sleeps end at once from now on
         self._stop_requested.set()
         self._observer.capacity.set()
 

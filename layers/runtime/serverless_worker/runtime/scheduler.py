@@ -135,6 +135,7 @@ class Scheduler:
         self._reservations = _Reservations()  # slots held for the pullers started (self_pull)
         self._control_read_at = -math.inf  # when this tick last read the control item (runtime/control.py)
         self._halted = False  # this tick saw draining or stopped: what it still records goes back unstarted
+        self._halt = threading.Event()  # halt(): this process is stopping (the local runner), pull no more
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -201,6 +202,10 @@ class Scheduler:
         room_since: float | None = None  # since when some, but not a batch's worth of, room is free
         self._early_empties = 0
         while report.stopped is None:
+            if self._halt.is_set():  # the process is stopping: its own sleeps end at once, so pull no more
+                self._halted = True
+                report.stopped = "draining"
+                break
             end = min(full_end, busy_until)
             # Stop when less than a second is left: a pull then could outlast the window. The
             # first round of pulls is always made (the while-work mode's one poll).
@@ -397,6 +402,8 @@ class Scheduler:
         queue has work, so this one is asked only for what is already waiting."""
         services = self.services
         settings = services.settings
+        if self._halt.is_set():
+            return []
         left = deadline - services.clock()
         wait = 0.0
         if services.protocol.long_poll and not hurry:
@@ -602,6 +609,13 @@ class Scheduler:
         except ProtocolError as err:
             log.warning("hand back (%s) did not go through: %s", reason, err)
         return False
+
+    def halt(self) -> None:
+        """The process is stopping (the local runner's Ctrl-C, SIGTERM or idleness): a running
+        tick sends no further pull, from any thread, and ends at its loop's next turn. Its
+        sleeps end early by then, and without this a refused pull would follow a refused
+        pull at once. Lambda's ticks never need it: the draining flag stops them."""
+        self._halt.set()
 
     def wake(self) -> None:
         """Heartbeat and re-read the control flags at the next turn of a running tick's loop,
