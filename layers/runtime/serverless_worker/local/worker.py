@@ -339,14 +339,17 @@ class LocalRunner:
         progress.phase("working")
         idle = self.settings.until_idle_seconds
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
+
+        def is_idle(quiet: float) -> bool:
+            return quiet >= stuck_after or self._deliveries_running() == 0
+
         while not self._stop_requested.is_set():
             self._check_signals()
             status = self._status()
             progress.update(status)
             if metrics.totals["HandlerCannotFit"] > unfit_seen:
                 self._stop_unfit(services)
-            quiet = self._observer.quiet_for()
-            if idle and quiet >= idle and (self._deliveries_running() == 0 or quiet >= stuck_after):
+            if idle and self._observer.quiet_for() >= idle and self._observer.end_pulls_if_idle(idle, is_idle):
                 self._request_stop(f"no job for {idle:g} s")
             self._stop_requested.wait(_POLL)
         stop = self._stop or _Stop("stopped")

@@ -413,6 +413,26 @@ class Scheduler:
             wait = max(1.0, min(settings.wait_seconds_long_poll, left - 0.5, until_heartbeat) / handlers)
         request = PullRequest(handler=handler, max_items=room, wait_seconds=wait,
                               criteria=criteria(self.services, handler))
+        watcher = services.watcher
+        if watcher is not None and not watcher.pull_begins():
+            return []  # the local run is ending at its idle edge: no pull starts after it
+        brought = 0
+        try:
+            deliveries, pause = self._pull_once(report, request, wait, left)
+            brought = len(deliveries)
+        finally:
+            if watcher is not None:
+                watcher.pull_ended(brought)
+        if pause > 0:  # a refused or failed pull's back-off: no pull is in flight meanwhile
+            self._sleep(pause)
+        return deliveries
+
+    def _pull_once(self, report: TickReport, request: PullRequest, wait: float,
+                   left: float) -> tuple[list[Delivery], float]:
+        """:meth:`_pull`'s call and what each of its errors means for the tick: the
+        deliveries, and how long to pause before the next pull (after the pull is over)."""
+        services = self.services
+        settings = services.settings
         with self._report_lock:  # parallel claims report from several threads
             report.pulls += 1
         asked_at = services.clock()
@@ -427,8 +447,7 @@ class Scheduler:
             if err.retry_after is not None and err.retry_after > pause:
                 log.info("pull rate limited: the server asked to wait %.10g s (Retry-After); pausing %.1f s, "
                          "the most this tick waits", err.retry_after, pause)
-            self._sleep(pause)
-            return []
+            return [], pause
         except ServerUnavailableError as err:
             self._note_error(report, f"pull: {err}")
             with self._report_lock:
@@ -437,9 +456,8 @@ class Scheduler:
                     report.stopped = "server unavailable"
                     log.warning("job server unavailable for %d pulls in a row, ending the tick: %s",
                                 self._unavailable, err)
-                    return []
-            self._sleep(min(2.0, max(0.0, left)))
-            return []
+                    return [], 0.0
+            return [], min(2.0, max(0.0, left))
         except (InvalidApiKeyError, ForbiddenError, BadRequestError, NotFoundError,
                 ConfigurationError) as err:
             # Configuration is wrong: pulling again this tick cannot succeed.
@@ -447,7 +465,7 @@ class Scheduler:
             report.stopped = f"configuration: {type(err).__name__}"
             services.events.add("worker.pull_rejected", str(err), level="ERROR")
             log.error("pull rejected, ending tick: %s", err)
-            return []
+            return [], 0.0
         except ProtocolError as err:
             # A garbage, truncated or oversized answer: the server misbehaves. Back off as
             # for a 5xx; the tick goes on and ends on time.
@@ -456,14 +474,13 @@ class Scheduler:
                 with self._report_lock:
                     report.unusable.append(f"pull: {err}")
             log.warning("pull answer unusable: %s", err)
-            self._sleep(min(2.0, max(0.0, left)))
-            return []
+            return [], min(2.0, max(0.0, left))
         with self._report_lock:
             report.pulled += len(deliveries)
             self._unavailable = 0
             if not deliveries and answered_early(wait, services.clock() - asked_at):
                 self._early_empties += 1
-        return deliveries
+        return deliveries, 0.0
 
     def _note_unaddressable(self, report: TickReport, lacks: list[str]) -> None:
         """Each delivery a pull took and left to the server's own return path, in

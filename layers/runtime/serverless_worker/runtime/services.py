@@ -54,6 +54,14 @@ class DeliveryWatcher(Protocol):
         """The delivery of ``job_id`` could not be recorded nor given an outcome
         (``runtime/poison.py``): left to the server's timeout, never to be settled by this run."""
 
+    def pull_begins(self) -> bool:
+        """A pull is about to be sent; ``False``: the run is ending, send none. Paired with
+        :meth:`pull_ended`, so a run that ends when idle never ends with a pull in flight."""
+
+    def pull_ended(self, deliveries: int) -> None:
+        """The pull begun is over and brought ``deliveries`` (counted as work at once, before
+        they are recorded and dispatched, so no idle edge falls between)."""
+
 
 @dataclass
 class Services:
