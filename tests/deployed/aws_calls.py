@@ -49,13 +49,22 @@ class CallRecord:
             self.stacks.append(entry)
             self._deployed.append(stack)
 
-    def write(self) -> Path:
-        """Read every noted function's log group for its calls and write the record."""
-        for entry, stack in zip(self.stacks, self._deployed, strict=True):
+    def collect(self, stack: DeployedStack) -> None:
+        """Read ``stack``'s function logs for their calls now: before its ``sam delete``, which
+        in LocalStack may take the log groups with it."""
+        with self._lock:
+            entries = [entry for entry, noted in zip(self.stacks, self._deployed, strict=True) if noted is stack]
+        for entry in entries:
             for function in entry["functions"].values():
                 lines = log_lines(stack.logs, f"/aws/lambda/{function['name']}")
-                function["calls"] = [json.loads(line)["aws_call"] for line in lines
-                                     if line.startswith(_MARK)]
+                function["calls"] = [json.loads(line)["aws_call"] for line in lines if line.startswith(_MARK)]
+            entry["collected"] = True
+
+    def write(self) -> Path:
+        """Collect what :meth:`collect` has not yet, and write the record."""
+        for entry, stack in zip(self.stacks, self._deployed, strict=True):
+            if not entry.get("collected"):
+                self.collect(stack)
         account = clients("sts").get_caller_identity()["Account"]
         RECORD_PATH.parent.mkdir(parents=True, exist_ok=True)
         RECORD_PATH.write_text(json.dumps({"region": REGION, "account": account, "stacks": self.stacks}, indent=1))
