@@ -4,9 +4,7 @@ running the real functions against the sandboxes, every protocol.
 A report so answered is not waited on at all (the wait does not fit the retry budget, the
 invocation or the job's lease): the executor ends ``deferred`` at once, its outcome stored,
 the failure noted on the ledger item, and the reaper reports the job once the server
-relents. A pull so answered pauses the tick at most until its window ends: one pull per
-pause, never a storm. The waits the runtime plans go through the scheduler's ``sleep``,
-so a test reads them instead of the clock.
+relents (a pull so answered: tests/aws/test_scheduler_retry_after.py).
 """
 
 from __future__ import annotations
@@ -19,13 +17,10 @@ import pytest
 from e2e_support import HANDLERS_PATH, PROTOCOLS, backdate, done, ledger, results, wait_for
 
 from serverless_worker.model import LedgerStatus
-from serverless_worker.runtime.context import LocalContext
-from serverless_worker.runtime.scheduler import Scheduler
 
 pytestmark = pytest.mark.aws
 
 REPORT = {"pipelogiq": "result", "priostack": "complete", "claimqueue": "result"}
-PULL = {"pipelogiq": "pull", "priostack": "activate", "claimqueue": "claim"}
 A_YEAR = 365 * 86400
 HINTS = {"a day": lambda: "86400", "a year ahead": lambda: formatdate(time.time() + A_YEAR, usegmt=True)}
 
@@ -60,32 +55,3 @@ def test_a_report_told_to_wait_a_day_is_left_to_the_reaper_and_reported_when_the
     (item,) = ledger(env)
     assert item.status is LedgerStatus.ACKNOWLEDGED, item
     assert env.admin.stats()["calls"][label] == 2  # the refused one and the reaper's: nothing in between
-
-
-@pytest.mark.parametrize("hint", HINTS)
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_pull_told_to_wait_a_day_pauses_within_the_window_without_a_storm(
-        worker_env: Any, protocol: str, hint: str) -> None:
-    # given a server answering every pull 429 with a Retry-After a day or a year away
-    env = worker_env(protocol, handlers=["e2e.echo"], handler_module=HANDLERS_PATH)
-    env.admin.faults([{"kind": "rate_limit", "endpoint": PULL[protocol], "retry_after": HINTS[hint]()}])
-    waits: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        time.sleep(seconds)
-
-    scheduler = Scheduler(env.stack.services(), sleep=sleep)
-
-    # when a tick with a 2 s window runs
-    try:
-        report = scheduler.tick(LocalContext("scheduler", timeout_seconds=120), window=2.0)
-    finally:
-        scheduler.close()
-
-    # then each refused pull was followed by a pause to the window's end, never longer: the
-    # first one took the rest of the window, so one pull (two at most, the last under a second)
-    pulls = env.admin.stats()["calls"][PULL[protocol]]
-    assert 1 <= pulls <= 2 and report.pulls == pulls, (pulls, report, waits)
-    assert waits and all(0 <= wait <= 2.0 for wait in waits), waits
-    assert report.pulled == 0 and report.errors == [], report
