@@ -56,8 +56,8 @@ class CallRecord:
             entries = [entry for entry, noted in zip(self.stacks, self._deployed, strict=True) if noted is stack]
         for entry in entries:
             for function in entry["functions"].values():
-                lines = log_lines(stack.logs, f"/aws/lambda/{function['name']}")
-                function["calls"] = [json.loads(line)["aws_call"] for line in lines if line.startswith(_MARK)]
+                messages = log_lines(stack.logs, f"/aws/lambda/{function['name']}")
+                function["calls"] = [call for message in messages for call in _calls(message)]
             entry["collected"] = True
 
     def write(self) -> Path:
@@ -69,3 +69,13 @@ class CallRecord:
         RECORD_PATH.parent.mkdir(parents=True, exist_ok=True)
         RECORD_PATH.write_text(json.dumps({"region": REGION, "account": account, "stacks": self.stacks}, indent=1))
         return RECORD_PATH
+
+
+def _calls(message: str) -> list[dict[str, Any]]:
+    """The recorded calls in one log event: LocalStack may put several lines of a function's
+    output in one event, so each line is read on its own."""
+    calls = []
+    for line in message.splitlines():
+        if line.startswith(_MARK):
+            calls.append(json.loads(line)["aws_call"])
+    return calls
