@@ -38,10 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sam_to_cfn import translate  # beside this script
-
 __all__ = ["KEPT", "main"]
 
 EVALUATOR = Path(__file__).resolve().parent / "iam_proof"
@@ -301,6 +297,7 @@ class Proof:
     errors: list[str] = field(default_factory=list)
     grants: dict[tuple[str, str, str], Grant] = field(default_factory=dict)   # (function, sid, action)
     used: defaultdict[tuple[str, str, str], Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    ignored_keys: Counter[str] = field(default_factory=Counter)  # condition keys the evaluator found not to apply
 
 
 def prove(record: dict[str, Any], node: str = "node") -> Proof:
@@ -309,6 +306,9 @@ def prove(record: dict[str, Any], node: str = "node") -> Proof:
     requests: list[dict[str, Any]] = []
     meta: dict[str, tuple[str, dict[str, Any], Role]] = {}
     expansions: dict[tuple[str, str], dict[str, Any]] = {}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sam_to_cfn import translate  # beside this script; needs the SAM CLI's venv (samtranslator)
+
     for entry in record["stacks"]:
         key = (entry["template"], json.dumps(entry["parameters"], sort_keys=True))
         if key not in expansions:
@@ -340,6 +340,8 @@ def prove(record: dict[str, Any], node: str = "node") -> Proof:
             proof.errors.append(f"{what}: the evaluator refused the request: {answer['errors']}")
         elif answer["decision"] != "Allowed":
             proof.denied.append(f"{what}: {answer['decision']}")
+        for key in answer.get("ignoredContextKeys", []):
+            proof.ignored_keys[f"{request['action']}: {key}"] += 1
         for policy, sid in answer.get("allowedBy", []):
             for (fn, grant_sid, action), grant in proof.grants.items():
                 if fn == function and grant.policy == policy and grant_sid == sid and \
@@ -367,6 +369,8 @@ def report(proof: Proof, *, table: bool = False) -> int:
         print(f"  denied: {line}")
     for line in proof.errors:
         print(f"  error: {line}")
+    for key, count in sorted(proof.ignored_keys.items()):
+        print(f"  note: a condition key the evaluator says does not apply to the action ({count} calls): {key}")
     for grant in unused:
         reason = kept_reason(grant)
         why = f"kept: {reason}" if reason else "NO REASON NAMED: remove it or name why"

@@ -29,7 +29,8 @@ for (const request of requests) {
     continue
   }
   const analysis = answer.result.analysis
-  const allowedBy = (analysis.identityAnalysis?.allowStatements ?? []).map((s) => [s.policyId, s.statement.Sid ?? ''])
+  // A statement is an object of the policy library: its JSON form carries the Sid.
+  const allowedBy = (analysis.identityAnalysis?.allowStatements ?? []).map((s) => [s.policyId, JSON.parse(JSON.stringify(s.statement)).Sid ?? ''])
   results.push({ id: request.id, decision: analysis.result, allowedBy, ignoredContextKeys: answer.result.ignoredContextKeys ?? [] })
 }
 process.stdout.write(JSON.stringify({ results }))
