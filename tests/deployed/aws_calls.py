@@ -73,9 +73,14 @@ class CallRecord:
 
 def _calls(message: str) -> list[dict[str, Any]]:
     """The recorded calls in one log event: LocalStack may put several lines of a function's
-    output in one event, so each line is read on its own."""
-    calls = []
+    output in one event, and a run without the recorder's line lock (an older build) could
+    run two lines together, so every JSON object on every line is read."""
+    calls: list[dict[str, Any]] = []
+    decoder = json.JSONDecoder()
     for line in message.splitlines():
-        if line.startswith(_MARK):
-            calls.append(json.loads(line)["aws_call"])
+        at = line.find(_MARK)
+        while at != -1:
+            record, end = decoder.raw_decode(line, at)
+            calls.append(record["aws_call"])
+            at = line.find(_MARK, end)
     return calls

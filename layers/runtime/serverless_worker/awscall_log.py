@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from typing import Any
 
 __all__ = ["ENABLED_BY", "enabled", "install"]
@@ -29,6 +30,9 @@ ENABLED_BY = "SW_RECORD_AWS_CALLS"
 # reads (dynamodb:ReturnValues, dynamodb:Select); nothing else of a request is logged.
 _KEPT = ("TableName", "IndexName", "FunctionName", "Qualifier", "InvocationType", "stateMachineArn", "SecretId",
          "Name", "QueueUrl", "ReturnValues", "Select")
+
+
+_WRITE = threading.Lock()  # one whole line at a time: the scheduler's dispatch threads call at once
 
 
 def enabled() -> bool:
@@ -48,4 +52,7 @@ def _record(params: dict[str, Any], model: Any, **_: Any) -> None:
     service = model.service_model
     line = {"aws_call": {"service": service.signing_name or service.endpoint_prefix,
                          "operation": model.name, "params": kept}}
-    print(json.dumps(line, separators=(",", ":"), sort_keys=True), file=sys.stdout, flush=True)
+    text = json.dumps(line, separators=(",", ":"), sort_keys=True) + "\n"
+    with _WRITE:
+        sys.stdout.write(text)
+        sys.stdout.flush()
