@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import logging
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -41,6 +42,10 @@ from typing import Any
 __all__ = ["KEPT", "main"]
 
 EVALUATOR = Path(__file__).resolve().parent / "iam_proof"
+
+# Functions that bootstrap a Pipelogiq session only when they find none fresh (the scheduler
+# keeps it fresh), and what they are.
+_BOOTSTRAPPERS = (("ExecutorFunction", "run"), ("StepsFunction", "step"), ("DrainFunction", "drain"))
 
 # Grants no function's code calls, kept for a path named here: (function, action) -> why.
 # "*" as the function: every function. A grant never used and not named here is listed as
@@ -55,6 +60,21 @@ KEPT: dict[tuple[str, str], str] = {
                                              "dead-letter queue with this role (EventInvokeConfig OnFailure)",
     ("StepsFunction", "states:StartExecution"): "continue-as-new, only when an execution nears Step Functions' "
                                                 "25,000-event history limit; the tier's executions stay far below",
+    ("StepsFunction", "states:SendTaskFailure"): "a callback handler that fails or is cancelled ends its task token "
+                                                 "with it; the tier's callbacks succeed (SendTaskHeartbeat is used)",
+    ("StepsFunction", "secretsmanager:GetSecretValue"): "the key of a stack that keeps it in Secrets Manager; the "
+                                                        "tier's long-running jobs run on Pipelogiq, whose key is in "
+                                                        "SSM (ssm:GetParameter, used)",
+    ("SchedulerFunction", "dynamodb:BatchGetItem"): "the reaper reads the full ledger items the in-flight index "
+                                                    "names only for a delivery stranded past its deadline; the "
+                                                    "tier's deliveries settle in time",
+    **{(function, "dynamodb:PutItem"): f"a {what} that finds no fresh Pipelogiq session bootstraps one: its "
+                                       "lock (a conditional PutItem) and the session item; the tier's sessions "
+                                       "outlive the stacks"
+       for function, what in _BOOTSTRAPPERS},
+    **{(function, "dynamodb:DeleteItem"): f"a {what} that bootstraps a Pipelogiq session releases the bootstrap "
+                                          "lock with DeleteItem; the tier's sessions outlive the stacks"
+       for function, what in _BOOTSTRAPPERS},
 }
 
 # IAM's name where it is not the API operation's.
@@ -263,19 +283,28 @@ class Grant:
     sid: str
     action: str
     resource: str
+    shown: str = ""  # the resource with the stack's names as the template's logical ids (docs' table)
 
     def label(self) -> str:
         return f"{self.function}: {self.action} on {self.resource} ({self.policy} {self.sid or 'statement'})"
 
 
-def grants_of(function: str, role: Role) -> list[Grant]:
+def grants_of(function: str, role: Role, stack: Stack | None = None) -> list[Grant]:
     out: list[Grant] = []
+    names = sorted(((physical, logical) for logical, (physical, _) in (stack.physical.items() if stack else [])
+                    if len(physical) > 3), key=lambda pair: -len(pair[0]))
     for entry in role.policies:
         for statement in _listed(entry["policy"].get("Statement")):
             if statement.get("Effect") != "Allow":
                 continue
             resources = ", ".join(_listed(statement.get("Resource")))
-            out += [Grant(function, entry["name"], str(statement.get("Sid", "")), action, resources)
+            shown = resources
+            for physical, logical in names:
+                shown = shown.replace(physical, logical)
+            if stack is not None:
+                shown = shown.replace(f"{stack.region}:{stack.account}:", "REGION:ACCOUNT:").replace(
+                    f"::{stack.account}:", "::ACCOUNT:").replace(stack.name, "STACK")
+            out += [Grant(function, entry["name"], str(statement.get("Sid", "")), action, resources, shown)
                     for action in _listed(statement.get("Action"))]
     return out
 
@@ -309,6 +338,8 @@ def prove(record: dict[str, Any], node: str = "node") -> Proof:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from sam_to_cfn import translate  # beside this script; needs the SAM CLI's venv (samtranslator)
 
+    logging.getLogger("samtranslator").setLevel(logging.ERROR)  # its metrics' "unpublished" notes
+
     for entry in record["stacks"]:
         key = (entry["template"], json.dumps(entry["parameters"], sort_keys=True))
         if key not in expansions:
@@ -320,7 +351,7 @@ def prove(record: dict[str, Any], node: str = "node") -> Proof:
                       physical={r["logical"]: (r["physical"], r["type"]) for r in entry["resources"]})
         for function, seen in entry["functions"].items():
             role = function_role(stack, function)
-            for grant in grants_of(function, role):
+            for grant in grants_of(function, role, stack):
                 proof.grants.setdefault((grant.function, grant.sid, grant.action), grant)
             for call in seen["calls"]:
                 proof.calls += 1
@@ -363,8 +394,9 @@ def _evaluate(requests: list[dict[str, Any]], node: str) -> list[dict[str, Any]]
 
 def report(proof: Proof, *, table: bool = False) -> int:
     unused = [grant for key, grant in sorted(proof.grants.items()) if key not in proof.used]
+    named = sum(1 for grant in unused if kept_reason(grant))
     print(f"iam: {proof.calls} calls by {len(proof.functions)} functions, {len(proof.denied)} denied, "
-          f"{len(unused)} grants never used")
+          f"{len(unused)} grants never used ({named} kept for a named reason, {len(unused) - named} with none)")
     for line in proof.denied:
         print(f"  denied: {line}")
     for line in proof.errors:
@@ -381,7 +413,7 @@ def report(proof: Proof, *, table: bool = False) -> int:
             uses = proof.used.get(key)
             used = ", ".join(f"`{op}` ({n})" for op, n in sorted(uses.items())) if uses else \
                 f"not called by the code: {kept_reason(grant) or 'no reason named'}"
-            print(f"| {grant.function} | `{grant.action}` | `{grant.resource}` | {used} |")
+            print(f"| {grant.function} | `{grant.action}` | `{grant.shown or grant.resource}` | {used} |")
     return 1 if proof.denied or proof.errors else 0
 
 
