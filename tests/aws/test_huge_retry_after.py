@@ -55,3 +55,24 @@ def test_a_report_told_to_wait_a_day_is_left_to_the_reaper_and_reported_when_the
     (item,) = ledger(env)
     assert item.status is LedgerStatus.ACKNOWLEDGED, item
     assert env.admin.stats()["calls"][label] == 2  # the refused one and the reaper's: nothing in between
+
+
+def test_a_pipelogiq_report_waits_no_longer_than_the_job_s_lease_less_the_report_margin(
+        worker_env: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # given a 3 s lease (the sandbox's here) under the 10 s report margin, and a first report
+    # answered 429 Retry-After: 2, a wait the 30 s retry budget alone would allow
+    env = worker_env("pipelogiq", handlers=["e2e.echo"], handler_module=HANDLERS_PATH)
+    env.seed("e2e.echo", [{"n": 1}])
+    env.admin.faults([{"kind": "rate_limit", "endpoint": "result", "retry_after": 2, "count": 1}])
+
+    with caplog.at_level("WARNING", logger="serverless_worker.executor"):
+        env.tick(1.0)
+        env.stack.wait_idle(30)
+
+    # then it was not waited: past the lease the server's recovery owns the job, and the one
+    # line says which limit
+    (item,) = ledger(env)
+    assert item.status is LedgerStatus.OUTCOME_STORED and item.settle_failures == 1, item
+    assert env.admin.stats()["calls"]["result"] == 1
+    lines = [r.getMessage() for r in caplog.records if "left to the reaper" in r.getMessage()]
+    assert len(lines) == 1 and "before the job's lease end less the report margin" in lines[0], lines
