@@ -3,7 +3,8 @@
 
 A report so answered is not waited on: the outcome stays stored, the log says so in one line,
 and the job is reported once the server relents (by the reaper, or the drain's last try);
-if it never does, the run exits 1 naming the job. A pull so answered pauses, never storms,
+if it never does, the run exits 1 naming the job. A report that met an outage instead is
+still worked on: idleness waits for the reaper's next tries. A pull so answered pauses, never storms,
 and SIGTERM ends the run at once, not after the drain's grace (600 s here, far past the
 ``communicate`` timeout that bounds a hang: nothing below reads the clock).
 """
@@ -24,6 +25,7 @@ from test_local_crash import RESULT_ENDPOINT, _input, _ledger, _seed
 from test_local_stuck import PULL_ENDPOINT, _command, worker
 
 from serverless_worker.model import LedgerStatus
+from serverless_worker.protocols.transport import RetryPolicy
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cli
@@ -34,6 +36,7 @@ PROTOCOLS = ("pipelogiq", "priostack", "claimqueue")
 HINTS = {"a day": lambda: "86400", "a year ahead": lambda: formatdate(time.time() + 365 * 86400, usegmt=True)}
 GRACE = "600"       # a drain that waited for it would fail the timeout below
 EXIT_WITHIN = 90
+REPORT_ATTEMPTS = RetryPolicy().attempts  # a report's, all within its retry budget
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -91,6 +94,31 @@ def test_a_server_that_never_relents_ends_the_run_with_the_job_named(
     # and the server saw the report when the job ran and at the drain's last try, no more
     assert admin.stats()["calls"][label] == 2, out
     assert not settled(protocol, job) and _input(protocol, job)["n"] == 0, job
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_report_that_met_an_outage_is_reported_by_the_reaper_before_the_run_ends(
+        protocol: str, sandbox: Callable[..., Any], tmp_path: Path) -> None:
+    # given a server that answers a report 503 one time more than the client's attempts:
+    # the executor's call and the reaper's first try fail, the reaper's second gets through
+    server, admin = sandbox(protocol)
+    label = RESULT_ENDPOINT[protocol]
+    admin.faults([{"kind": "error_5xx", "endpoint": label, "count": REPORT_ATTEMPTS + 1}])
+    command, env, state, _ = _command(protocol, server.url, tmp_path, grace=GRACE)
+    _seed(admin, protocol, [{"n": 0}])
+
+    # when the worker runs until idle, its ticks (and so its reaper) 3 s apart
+    done = _run([*command, "--until-idle-seconds", "2", "--poll-window-seconds", "3"], tmp_path, env)
+    out = done.stdout + done.stderr
+
+    # then idleness waited for the reaper (an outage is not a server's word to wait): the job
+    # was reported, exit 0, and the drain had nothing left to try
+    assert done.returncode == 0, out
+    (job,) = admin.jobs()
+    assert settled(protocol, job), job
+    (items,) = _ledger(state).values()
+    assert [item.status for item in items] == [LedgerStatus.ACKNOWLEDGED], items
+    assert admin.stats()["calls"][label] == REPORT_ATTEMPTS + 2, out
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -65,6 +65,7 @@ from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
+from ..state.items import LedgerItem
 from ..waits import abandon_waits, allow_waits, end_waits_by, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import OwnSandbox, demo_seeds, new_key
@@ -113,6 +114,12 @@ _FIRST_CONTACT_HOLD = 2.0
 def _unique(detail: str) -> str:
     """``a; a; b`` as ``a; b``: a tick's report repeats the same error once per pull."""
     return "; ".join(dict.fromkeys(part.strip() for part in detail.split(";") if part.strip()))
+
+
+def _told_to_wait(item: LedgerItem) -> bool:
+    """A delivery whose settling call the client gave up on because the server rate-limited it
+    (its noted error a ``RateLimitedError``): nothing this run does soon can settle it."""
+    return bool(item.settle_failures) and str(item.error or "").startswith(errors.RateLimitedError.__name__)
 
 
 def _is_fatal(error_class: type[BaseException]) -> bool:
@@ -530,8 +537,11 @@ class LocalRunner:
         """Deliveries something in this run still works on: what idleness waits for. The least
         of two counts, each blind where the other sees: those dispatched and not settled (an
         executor that failed every retry counted as settled: nothing will settle it in this
-        run), and the ledger's in flight less those whose settling the client gave up on
-        (their outcome stored, left to the reaper: the drain tries each once more)."""
+        run), and the ledger's in flight less those a server told to wait longer than the
+        worker can (a 429 the client gave up on: left to the reaper and the next run, the drain
+        tries each once more). An outcome whose report met an outage still counts: the
+        reaper tries it again at each tick, and may well get it through before the run ends
+        (idleness still ends the run once quiet for the idle time plus the drain's grace)."""
         counters = self._services.counters.totals()
         settled = sum(counters.get(name, 0) for name in ("processed", "handed_back", "discarded"))
         dispatched = max(0, self._observer.arrivals - settled - self._observer.executor_errors)
@@ -542,7 +552,7 @@ class LocalRunner:
             items = services.store.in_flight(services.protocol_name, services.instance)
         except ServerlessWorkerError:
             return dispatched
-        return min(dispatched, sum(1 for item in items if not item.settle_failures))
+        return min(dispatched, sum(1 for item in items if not _told_to_wait(item)))
 
     def _request_stop(self, reason: str, exit_status: int | None = None, never_reached: bool = False) -> None:
         with self._stop_lock:
