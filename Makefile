@@ -58,7 +58,7 @@ define fresh_venv
 	@rm -f $(1)/.installed-*
 endef
 
-.PHONY: help venv sam-venv checkov-venv test test-deployed run bench lint ruff mypy dist sam-validate sam-build sam-local-invoke iam-scan clean distclean
+.PHONY: help venv sam-venv checkov-venv test test-deployed run bench lint ruff mypy dist sam-validate sam-build sam-local-invoke iam-scan iam-proof clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -214,6 +214,15 @@ iam-scan: sam-venv checkov-venv ## scan template.yaml's IAM and resources with c
 	$(SAM_VENV)/bin/python scripts/sam_to_cfn.py template.yaml $(IAM_SCAN_CFN)
 	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation \
 		--external-checks-dir scripts/checkov -f template.yaml -f $(IAM_SCAN_CFN)
+
+# Least privilege proven by running it: every AWS API call each function made during
+# `make test-deployed` (which records them, RecordAwsCalls=true), evaluated against that
+# function's role in the built template with @cloud-copilot/iam-simulate (scripts/iam_proof/,
+# pinned by its package-lock.json; `npm ci` on first use). Prints `iam: N calls by M functions,
+# 0 denied, K grants never used`; exits 1 on a denial. No LocalStack: it reads the record.
+IAM_PROOF_RECORD := .aws-sam/deployed/aws-calls.json
+iam-proof: sam-venv ## evaluate every AWS call the deployed tier's functions made against their roles (after test-deployed)
+	$(SAM_VENV)/bin/python scripts/iam_proof.py $(IAM_PROOF_RECORD) $(IAM_PROOF_ARGS)
 
 clean: ## remove build output and caches (keeps the venvs)
 	rm -rf .aws-sam .pytest_cache .mypy_cache .ruff_cache layers/runtime/*.egg-info $(DIST)

@@ -8,6 +8,8 @@ loaded machine's slow bootstrap or pull, and a test reads the waits chosen."""
 
 from __future__ import annotations
 
+import time
+from email.utils import formatdate
 from typing import Any
 
 import pytest
@@ -24,6 +26,8 @@ WINDOW = 3.0
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize(("header", "longest"), [
     ("999999999", WINDOW),  # honoured only up to the window's end
+    ("86400", WINDOW),      # a day
+    (formatdate(time.time() + 365 * 86400, usegmt=True), WINDOW),  # an HTTP date a year ahead
     ("inf", 1.0),           # not a number: the tick's own one-second back-off
     ("nan", 1.0),
 ])

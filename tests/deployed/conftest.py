@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aws"))  # aws.test_short_path imports e2e_support
 
 from aws.conftest import Env
+from deployed.aws_calls import CallRecord
 from deployed.init_project import (
     GREETINGS,
     INIT_FUNCTIONS,
@@ -74,6 +76,8 @@ PARAMETERS = {
     "PollWindowSeconds": "40", "Liveness": "while-work", "LeaseRenewSeconds": "2",
     "ExecutorTimeoutSeconds": "60", "ExecutorMemorySize": "256", "ExecutorReservedConcurrency": "10",
     "MaxInFlight": "3", "SchedulerTracing": "PassThrough", "LogLevel": "INFO",
+    # Every function logs the AWS calls it makes, for `make iam-proof` (deployed/aws_calls.py).
+    "RecordAwsCalls": "true",
 }
 
 
@@ -94,6 +98,7 @@ class Tier:
     notes: list[str] = field(default_factory=list)
     dlq_sent_at: float = 0.0
     init: InitStack | None = None
+    calls: CallRecord | None = None  # the AWS calls its functions make, for `make iam-proof`
 
     def line(self, ok: bool) -> str:
         def outcomes(p: str) -> str:
@@ -218,14 +223,31 @@ def _sandbox(protocol: str, key: str) -> SandboxServer:
     return SandboxServer(create_sandbox(protocol, **SANDBOX_CONFIG[protocol], **auth)).start()
 
 
+BUILD_DIR = ROOT / ".aws-sam" / "deployed" / "build"
+
+
 @pytest.fixture(scope="session")
-def tier(localstack: str) -> Iterator[Tier]:
+def call_record(localstack: str) -> Iterator[CallRecord]:
+    """The AWS calls of every stack deployed with RecordAwsCalls, written at the session's
+    end for `make iam-proof` (while LocalStack still runs: this outlasts the stacks' fixtures)."""
+    record = CallRecord(template=BUILD_DIR / "template.yaml")
+    yield record
+    if record.stacks:
+        # Not captured (this runs after the last test): `make test-deployed` shows it last but one.
+        try:
+            print(f"\naws calls recorded for the IAM proof: {record.write()}", file=sys.__stdout__)
+        except Exception:  # the proof then says the record is missing; the tier's own result stands
+            print(f"\naws calls not recorded for the IAM proof:\n{traceback.format_exc()}", file=sys.__stdout__)
+
+
+@pytest.fixture(scope="session")
+def tier(localstack: str, call_record: CallRecord) -> Iterator[Tier]:
     from aws.test_short_path import _seed_outcomes
     from serverless_worker.sandbox import pipelogiq as pipelogiq_sandbox
 
     started = time.monotonic()
     run = uuid.uuid4().hex[:6]
-    sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=ROOT / ".aws-sam" / "deployed" / "build",
+    sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=BUILD_DIR,
               bucket=f"sw-deployed-{run}", log_dir=ROOT / ".aws-sam" / "deployed" / "logs")
     tokens = _Tokens()  # Pipelogiq session and delivery tokens that carry MARK
     original_secrets = pipelogiq_sandbox.secrets
@@ -255,7 +277,7 @@ def tier(localstack: str) -> Iterator[Tier]:
             envs[protocol] = Env(protocol, server, SandboxAdmin(server.url), stack)  # type: ignore[arg-type]
             _seed_outcomes(envs[protocol])  # before the deploy: the first scheduled tick takes them
         tier_ = Tier(sam=sam, envs=envs, stacks=stacks, secrets=keys, tokens=tokens, started=started,
-                     build_seconds=build_seconds)
+                     build_seconds=build_seconds, calls=call_record)
 
         init = tier_.init = init_build.result()
         key = f"{MARK}-init-key-{secrets.token_hex(8)}"
@@ -273,6 +295,8 @@ def tier(localstack: str) -> Iterator[Tier]:
         def deploy(stack: DeployedStack) -> None:
             stack.deploy_seconds = sam.deploy(stack.name, stack.parameters, templates.get(stack.name))
             stack.load_outputs()
+            if stack.name not in templates:  # the main template's stacks record their AWS calls
+                call_record.deployed(stack)
 
         deploy_started = time.monotonic()
         every = [*stacks.values(), init_stack]
@@ -321,14 +345,14 @@ SELF_PULL_PARAMETERS = {"SelfPull": "true", "Handlers": "e2e.echo-timed,e2e.slow
 
 
 @pytest.fixture(scope="module")
-def self_pull_stack(localstack: str) -> Iterator[Env]:
+def self_pull_stack(localstack: str, call_record: CallRecord) -> Iterator[Env]:
     """One stack deployed with ``SelfPull=true`` against its own sandbox, deleted afterwards;
     built by this session's tier if it ran, else here."""
     run = uuid.uuid4().hex[:6]
     if _BUILT:
         sam = _BUILT[-1]
     else:
-        sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=ROOT / ".aws-sam" / "deployed" / "build",
+        sam = Sam(sam=str(ROOT / ".venv-sam" / "bin" / "sam"), build_dir=BUILD_DIR,
                   bucket=f"sw-deployed-sp-{run}", log_dir=ROOT / ".aws-sam" / "deployed" / "logs")
         sam.build()
         clients("s3").create_bucket(Bucket=sam.bucket)
@@ -342,8 +366,13 @@ def self_pull_stack(localstack: str) -> Iterator[Env]:
     try:
         stack.deploy_seconds = sam.deploy(stack.name, stack.parameters)
         stack.load_outputs()
+        call_record.deployed(stack)
         yield env
     finally:
+        try:
+            call_record.collect(stack)
+        except Exception as err:
+            print(f"teardown: the AWS calls of {stack.name} not collected: {err}", file=sys.__stdout__)
         try:
             sam.delete(stack.name)
         except Exception as err:

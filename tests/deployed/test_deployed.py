@@ -362,6 +362,11 @@ def test_logs_hold_no_secret(tier: Tier) -> None:
 def test_sam_delete_removes_the_stacks(tier: Tier) -> None:
     cloudformation = clients("cloudformation")
     for stack in tier.stacks.values():
+        if tier.calls is not None:
+            try:  # for `make iam-proof`, before the delete can take the log groups
+                tier.calls.collect(stack)
+            except Exception as err:  # the proof then fails on the missing calls; the delete is tested here
+                tier.notes.append(f"AWS calls of {stack.name} not collected: {type(err).__name__}: {err}")
         tier.sam.delete(stack.name)
         try:
             status = cloudformation.describe_stacks(StackName=stack.name)["Stacks"][0]["StackStatus"]

@@ -250,3 +250,27 @@ def test_a_header_value_that_cannot_be_sent_is_refused_without_quoting_it(server
                                           headers={"X-API-Key": "k\r\nX-Injected: secret-77"})
     assert not info.value.ambiguous and server.bodies == []
     assert "secret-77" not in f"{info.value} {info.value.__cause__!r} {info.value.__cause__.__cause__!r}"
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_never_followed_and_no_credential_goes_where_it_points(server: RawServer, status: int) -> None:
+    # given a server answering a redirect to another server (on loopback: the test sends nothing off it)
+    elsewhere = RawServer()
+    try:
+        def redirect(conn: socket.socket) -> bool:
+            conn.sendall(f"HTTP/1.1 {status} Moved\r\nLocation: {elsewhere.url}/steal\r\n"
+                         "Content-Length: 0\r\n\r\n".encode())
+            return True
+
+        server.behaviours[b"report"] = redirect
+        transport = HttpTransport(server.url)
+
+        # when a call carrying a credential header is answered so
+        response = transport.request("POST", "/r", endpoint="r", data=b"report", headers={"X-API-Key": "k3y"})
+
+        # then the status comes back as it is (each client refuses it as an unexpected answer)
+        # and nothing, credential or body, reached where the redirect pointed
+        assert response.status == status and response.headers["Location"].endswith("/steal")
+        assert elsewhere.connections == 0 and elsewhere.bodies == []
+    finally:
+        elsewhere.close()

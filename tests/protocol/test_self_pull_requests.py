@@ -144,7 +144,7 @@ def test_a_delivery_for_another_handler_is_handed_back_unstarted(
         serve: Callable[..., SandboxServer], admin_for: Callable[[SandboxServer], SandboxAdmin],
         worker: Callable[..., Services]) -> None:
     # A server that ignores the type asked for: the job it hands out is not this executor's
-    # to run. It is recorded under a hand-back claim, handed back, and the loop ends.
+    # to run. It is given back untouched, never recorded (runtime/pulling.py), and the loop ends.
     server = serve("priostack")
     admin = admin_for(server)
     admin.seed({"jobs": [{"type": "work", "variables": {"n": n}, "retries": 3} for n in range(2)]})
@@ -154,7 +154,7 @@ def test_a_delivery_for_another_handler_is_handed_back_unstarted(
 
     result = puller(services)
 
-    assert result == {"handler": "work", "self_pulled": [], "stopped": "refused"}
+    assert result == {"handler": "work", "self_pulled": [], "stopped": "refused", "not_asked_for": 1}
     assert admin.stats()["calls"]["activate"] == 1  # nothing pulled after it
     assert services.store.count_in_flight(services.protocol_name, services.instance) == 0
     jobs = admin.jobs()

@@ -286,3 +286,14 @@ def test_state_file_writes_counts_four_writes_a_job_and_their_commits() -> None:
     assert turns["writes_per_commit"] == pytest.approx(1.0)  # one job at a time: nothing either
     shared = measure(200, 8)
     assert shared["writes_per_commit"] >= 1.0 and shared["cpu_ms_per_job"] > 0
+
+
+def test_stop_benchmark_times_a_real_stop_and_reads_its_exit(tmp_path: Path) -> None:
+    import signal
+
+    from benchmarks.stop import time_to_exit
+
+    # a report the server tells to wait a year: the run stops with that job unreported (exit 1)
+    seconds, status = time_to_exit("claimqueue", "report told to wait a year", signal.SIGTERM,
+                                   workdir=tmp_path, timeout=120)
+    assert status == 1 and seconds > 0

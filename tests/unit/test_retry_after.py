@@ -138,30 +138,50 @@ def _rate_limited(retry_after: float | None, attempts: list[int]) -> Callable[[i
 
 
 @pytest.mark.usefixtures("real_backoff")
-def test_a_huge_retry_after_is_cut_to_the_retry_budget() -> None:
+def test_a_huge_retry_after_is_not_waited_and_says_which_limit() -> None:
     # given a server answering every report 429 Retry-After: 999999999
     planned, attempts = Planned(), list[int]()
 
     # when the report is retried under a 30 s budget
-    with pytest.raises(RateLimitedError):
+    with pytest.raises(RateLimitedError) as raised:
         retry_call(_rate_limited(999_999_999.0, attempts), POLICY, clock=planned.clock.monotonic, sleep=planned.sleep)
 
-    # then it waited what was left of the budget, once, and tried once more at its end
-    assert planned.waits == [30.0]
-    assert attempts == [1, 2]
+    # then it did not wait at all (the server said not before then: waiting the budget out
+    # and asking again would only be refused), tried once, and the error says why
+    assert planned.waits == []
+    assert attempts == [1]
+    assert raised.value.not_waited == ("the server asked to wait 999999999 s (Retry-After); 30.0 s were left "
+                                       "before the retry budget (30 s), so it was not waited")
 
 
 @pytest.mark.usefixtures("real_backoff")
-def test_a_retry_after_is_cut_to_the_time_limit_of_the_caller() -> None:
+def test_a_retry_after_beyond_the_time_limit_of_the_caller_is_not_waited() -> None:
     # given 4 s left of the invocation (a Lambda's remaining time)
     planned, attempts = Planned(), list[int]()
     end = planned.clock.monotonic() + 4.0
 
-    with time_limit(lambda: end - planned.clock.monotonic()), pytest.raises(RateLimitedError):
+    with time_limit(lambda: end - planned.clock.monotonic(), what="the invocation's deadline"), \
+            pytest.raises(RateLimitedError) as raised:
         retry_call(_rate_limited(60.0, attempts), POLICY, clock=planned.clock.monotonic, sleep=planned.sleep)
 
-    assert planned.waits == [4.0]
-    assert attempts == [1, 2]
+    assert planned.waits == []
+    assert attempts == [1]
+    assert raised.value.not_waited is not None and "4.0 s were left before the invocation's deadline" in \
+        raised.value.not_waited
+
+
+@pytest.mark.usefixtures("real_backoff")
+def test_a_retry_after_that_stops_fitting_later_ends_the_retries_there() -> None:
+    # given 5 s left, and a server asking for 2 s each time: two waits fit, the third does not
+    planned, attempts = Planned(), list[int]()
+    end = planned.clock.monotonic() + 5.0
+
+    with time_limit(lambda: end - planned.clock.monotonic()), pytest.raises(RateLimitedError) as raised:
+        retry_call(_rate_limited(2.0, attempts), POLICY, clock=planned.clock.monotonic, sleep=planned.sleep)
+
+    assert planned.waits == [2.0, 2.0]
+    assert attempts == [1, 2, 3]
+    assert raised.value.not_waited is not None and "1.0 s were left" in raised.value.not_waited
 
 
 @pytest.mark.usefixtures("real_backoff")

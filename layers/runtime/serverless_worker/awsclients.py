@@ -68,6 +68,10 @@ def shared_session() -> boto3.Session:
                 _BOTOCORE.register_component("data_loader", loaded)
                 # Building the loader read the profile and refused a missing one; read it here instead.
                 _BOTOCORE.get_scoped_config()
+            from . import awscall_log
+
+            if awscall_log.enabled():  # the IAM proof's recorder (test-only; awscall_log.py)
+                awscall_log.install(_BOTOCORE)
             boto3.setup_default_session(botocore_session=_BOTOCORE)
         session: boto3.Session = boto3.DEFAULT_SESSION
         return session

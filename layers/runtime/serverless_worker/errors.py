@@ -124,6 +124,9 @@ class RateLimitedError(ProtocolError):
                  retry_after: float | None = None) -> None:
         usable = retry_after is not None and math.isfinite(retry_after) and retry_after >= 0
         self.retry_after = retry_after if usable else None
+        # Set by the retry loop when the Retry-After did not fit the time left (which limit,
+        # how long), so the give-up's one log line says why (protocols/_http.py).
+        self.not_waited: str | None = None
         super().__init__(message, endpoint=endpoint, status=status)
 
 

@@ -178,6 +178,10 @@ class Settings(BaseModel):
     self_pull_check_seconds: float = Field(
         5.0, gt=0, description="How often an executor that keeps pulling re-reads the drain flag and the "
                                "in-flight count.")
+    max_wait_seconds: float = Field(
+        30, gt=0, le=900, description="The longest the worker waits on a job server's word: one call's retries "
+                                      "with their back-off and Retry-After, or the pause after a rate-limited "
+                                      "pull; a Retry-After beyond what is left is not waited at all.")
     report_margin_seconds: float = Field(  # kept free to store and report the outcome
         10, ge=0, description="Time kept free after the handler to store and report its outcome.")
     counters_flush_seconds: float = Field(

@@ -79,7 +79,10 @@ class RunObserver:
         self._progress: dict[str, JobProgress] = {}  # job id -> its last job.progress, while it runs
         self._progress_ended: list[JobProgress] = []  # those of jobs since settled, until shown
         self._progress_seq = 0
+        self._not_asked: Counter[str] = Counter()    # deliveries given back as not asked for, by kind
         self.capacity = threading.Event()  # set whenever an executor finishes (a slot is free)
+        self._pulls = 0                    # pulls in flight (pull_begins .. pull_ended)
+        self._pulls_closed = False         # the run ended at its idle edge: no pull starts
 
     def restart_clock(self) -> None:
         """Idleness counts from now (the worker is ready), not from when start-up began."""
@@ -146,6 +149,35 @@ class RunObserver:
             self._progress_ended.clear()
         return sorted(found, key=lambda entry: entry.seq)
 
+    def pull_begins(self) -> bool:
+        with self._lock:
+            if self._pulls_closed:
+                return False
+            self._pulls += 1
+            return True
+
+    def pull_ended(self, deliveries: int) -> None:
+        with self._lock:
+            self._pulls -= 1
+            if deliveries:  # work arrived at the edge: it runs, and the run is not idle after all
+                self.last_arrival = self._clock()
+                self._pulls_closed = False
+
+    def end_pulls_if_idle(self, idle_seconds: float, idle: Callable[[float], bool]) -> bool:
+        """The idle edge: once nothing arrived for ``idle_seconds`` and ``idle(quiet)`` holds
+        (nothing running; ``quiet``: the seconds since the last arrival; it must not call back
+        into this observer), no new pull begins; ``True`` once none is in flight either, and
+        the run may end. A pull in flight at the edge that brings work reopens the run
+        (:meth:`pull_ended`), so what it brought is run, not handed back. Checked under the
+        lock every pull begins and ends under."""
+        with self._lock:
+            last = self.last_arrival if self.last_arrival is not None else self.started_at
+            quiet = self._clock() - last
+            if quiet < idle_seconds or not idle(quiet):
+                return False
+            self._pulls_closed = True
+            return self._pulls == 0
+
     # -- what the summary lists and the exit status stands on -------------------------------
     def unsettled(self, job_id: str, reason: str) -> None:
         """A delivery this run took and leaves without a definite outcome on the server.
@@ -168,6 +200,18 @@ class RunObserver:
         Thread-safe and without I/O."""
         with self._lock:
             self._unusable[str(reason)] += 1
+
+    def not_asked_for(self, kind: str) -> None:
+        """A pull brought a delivery it did not ask for (``kind``: ``type``, ``criteria`` or
+        ``count``; ``runtime/pulling.py``), given back untouched. Counted by kind; the
+        summary sums them and the run exits ``EXIT_INCOMPLETE`` (1). Thread-safe, no I/O."""
+        with self._lock:
+            self._not_asked[str(kind)] += 1
+
+    def not_asked_for_counts(self) -> Counter[str]:
+        """Kind -> deliveries, as reported to :meth:`not_asked_for` so far."""
+        with self._lock:
+            return Counter(self._not_asked)
 
     def unsettled_deliveries(self) -> dict[str, str]:
         """Job id -> why, as reported to :meth:`unsettled` so far."""

@@ -168,6 +168,9 @@ class RunSummary:
     busy_seconds: float | None = None  # first pull to last reported result
     unsettled: dict[str, str] = field(default_factory=dict)  # job id -> why it has no definite outcome
     unusable: Counter[str] = field(default_factory=Counter)  # server answers not usable, by reason
+    # Deliveries the server sent that were not asked for (another type, outside the criteria,
+    # beyond the count), given back untouched: by kind (type, criteria, count).
+    not_asked_for: Counter[str] = field(default_factory=Counter)
     failed_jobs: list[FailedJob] = field(default_factory=list)  # in the order they were pulled
     done_jobs: list[DoneJob] = field(default_factory=list)      # likewise
 
@@ -186,7 +189,7 @@ def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handle
               handler_runs: int, executor_errors: int, admin_created: Mapping[str, float] | None,
               client_calls: Mapping[str, int], server_calls: Mapping[str, int] | None,
               store_ops: Mapping[str, int], unsettled: Mapping[str, str] | None = None,
-              unusable: Mapping[str, int] | None = None,
+              unusable: Mapping[str, int] | None = None, not_asked_for: Mapping[str, int] | None = None,
               deliberate: Mapping[str, str] | None = None) -> RunSummary:
     """Count jobs, not deliveries: a job delivered twice (a retry, a redelivery after a lost
     connection) is one job, and its outcome is that of its last reported delivery.
@@ -214,6 +217,7 @@ def summarize(records: list[JobRecord], *, protocol: str, seconds: float, handle
         if reason is not None:
             summary.unsettled.setdefault(record.job_id, reason)
     summary.unusable = Counter(dict(unusable or {}))
+    summary.not_asked_for = Counter(dict(not_asked_for or {}))
     for deliveries in by_job.values():
         _count_job(summary, deliveries, admin_created, handler_starts, deliberate or {})
     return summary
@@ -331,6 +335,8 @@ def _trouble(summary: RunSummary) -> list[Any]:
         parts.append(Text("\n".join(lines) + "\n", style="bold red"))
     return parts
 
+_NOT_ASKED_NAMES = {"type": "another type or handler", "criteria": "outside the criteria",
+                    "count": "beyond the count asked for"}
 _KIND_NAMES = {"business_error": "business rejection", "bad_input": "bad input", "failure": "error",
                "timeout": "timeout"}
 
@@ -397,6 +403,11 @@ def render_summary(summary: RunSummary, *, stats: bool = False, results: bool = 
     jobs.add_row("handed back", str(summary.handed_back), "returned unstarted, no attempt used")
     if summary.discarded:
         jobs.add_row("discarded", str(summary.discarded), "stale, refused or lost lease; no result")
+    if summary.not_asked_for:
+        kinds = ", ".join(f"{_NOT_ASKED_NAMES.get(kind, kind)} {n}"
+                          for kind, n in sorted(summary.not_asked_for.items()))
+        jobs.add_row("not asked for", str(sum(summary.not_asked_for.values())),
+                     f"given back untouched, not run, no attempt used: {kinds}")
     if summary.definite:
         in_flight = "none: every delivery has a definite outcome"
     else:

@@ -60,14 +60,15 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..protocols.transport import display_url
-from ..runtime.context import LambdaContextLike, LocalContext
+from ..runtime.context import LambdaContextLike, LocalContext, invocation_time_limit
 from ..runtime.drain import drain, resume_pulling
-from ..runtime.executor import execute
+from ..runtime.executor import execute_or_defer
 from ..runtime.metrics import metrics
 from ..runtime.scheduler import Scheduler, TickReport
 from ..runtime.services import Services
 from ..runtime.steps import run_step
-from ..waits import abandon_waits, allow_waits, time_limit
+from ..state.items import LedgerItem
+from ..waits import abandon_waits, allow_waits, end_waits_by, time_limit
 from .defaults import LOCAL_LEDGER_RETENTION_SECONDS, TTL_SWEEP_SECONDS
 from .demo import SAMPLES_DIRECTORY, OwnSandbox, SampleJobs, new_key, sample_jobs
 from .dispatcher import LocalDispatcher
@@ -96,6 +97,12 @@ EXIT_CONFIGURATION = 2   # the job server refused the configuration (key, permis
                          # speaks a protocol version none of whose deliveries can be addressed
 EXIT_FORCED = 130        # a second Ctrl-C: stopped without waiting
 
+# Once a stop is requested (Ctrl-C, SIGTERM, idleness, a fatal tick), every wait on the
+# server's word ends this soon and no call is retried after it, whatever the server answers:
+# the drain's own calls go once each, and the run ends within about 5 s plus one request's
+# timeout (a handler still running keeps the drain's grace).
+STOP_WAIT_SECONDS = 3.0
+
 # A tick that ends with one of these cannot succeed by trying again: the configuration is wrong.
 # Errors that no number of retries can cure: the run stops with EXIT_CONFIGURATION. An
 # expired session is re-bootstrapped, and a 404 after an ambiguous retry means "applied".
@@ -110,6 +117,12 @@ _FIRST_CONTACT_HOLD = 2.0
 def _unique(detail: str) -> str:
     """``a; a; b`` as ``a; b``: a tick's report repeats the same error once per pull."""
     return "; ".join(dict.fromkeys(part.strip() for part in detail.split(";") if part.strip()))
+
+
+def _told_to_wait(item: LedgerItem) -> bool:
+    """A delivery whose settling call the client gave up on because the server rate-limited it
+    (its noted error a ``RateLimitedError``): nothing this run does soon can settle it."""
+    return bool(item.settle_failures) and str(item.error or "").startswith(errors.RateLimitedError.__name__)
 
 
 def _is_fatal(error_class: type[BaseException]) -> bool:
@@ -153,6 +166,7 @@ class LocalRunner:
         self._server_errors = 0
         self._last_warning = ""  # the last "tick ended early" logged, so a repeat is not logged again
         self._first_tick_done = threading.Event()
+        self._scheduler_ready = threading.Event()  # _scheduler is set (a stop may come before)
         self._last_trouble = ""  # the last tick error, for the one line when nothing got through
         self._observer = RunObserver()
         self._services: Services      # set by _work, before anything reads them
@@ -264,7 +278,8 @@ class LocalRunner:
         shared: list[Services] = []
 
         def steps(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
-            return run_step(shared[0], event, context)
+            with invocation_time_limit(context):  # as Lambda's entry runs a step
+                return run_step(shared[0], event, context)
 
         # moto only for the long-running path: its Step Functions interpreter runs the real
         # ASL. Started before the first tick (0.6 s): started beside it, its imports slowed
@@ -288,7 +303,7 @@ class LocalRunner:
                             watcher=self._observer, sleep=self._sleep)  # a refused job's wait ends on a stop
         shared.append(services)
         cleanup.callback(services.close)
-        dispatcher.attach(lambda key, context: execute(services, key, context))
+        dispatcher.attach(lambda key, context: execute_or_defer(services, key, context))
         scheduler = Scheduler(services, sleep=self._sleep, dispatch_workers=min(16, concurrency),
                               wait_for_capacity=self._wait_for_capacity)
         cleanup.callback(scheduler.close)
@@ -344,6 +359,7 @@ class LocalRunner:
         """Tick until asked to stop, then drain; returns whether a second signal cut it short."""
         self._services = services
         self._scheduler = scheduler
+        self._scheduler_ready.set()
         ticker = threading.Thread(target=self._tick_loop, name="scheduler-ticks", daemon=True)
         self._observer.restart_clock()
         unfit_seen = metrics.totals["HandlerCannotFit"]  # before the first tick, which may add one
@@ -359,13 +375,16 @@ class LocalRunner:
         progress.phase("working")
         idle = self.settings.until_idle_seconds
         stuck_after = (idle or 0) + self.settings.drain_grace_seconds
+
+        def is_idle(quiet: float) -> bool:
+            return quiet >= stuck_after or self._deliveries_running() == 0
+
         while not self._stop_requested.is_set():
             self._check_signals()
             self._refresh(progress)
             if metrics.totals["HandlerCannotFit"] > unfit_seen:
                 self._stop_unfit(services)
-            quiet = self._observer.quiet_for()
-            if idle and quiet >= idle and (self._deliveries_running() == 0 or quiet >= stuck_after):
+            if idle and self._observer.quiet_for() >= idle and self._observer.end_pulls_if_idle(idle, is_idle):
                 self._request_stop(f"no job for {idle:g} s")
             self._stop_requested.wait(_POLL)
         stop = self._stop or _Stop("stopped")
@@ -478,6 +497,11 @@ class LocalRunner:
                 continue
             for reason in report.unusable:
                 self._observer.unusable_answer(reason)
+            for unasked in report.not_asked_for:
+                self._observer.not_asked_for(unasked["kind"])
+                if not unasked["given_back"]:
+                    self._observer.unsettled(unasked["job_id"], f"not asked for ({unasked['why']}); giving it "
+                                             "back failed")
             if self._reached(report):
                 self._reached_server, failures, self._last_warning = True, 0, ""
             self._first_tick_done.set()
@@ -550,11 +574,25 @@ class LocalRunner:
             self._progress_logged = max(self._progress_logged, entry.seq)
 
     def _deliveries_running(self) -> int:
-        """Deliveries dispatched and not settled, an executor that failed every retry counted
-        as settled (nothing will settle it in this run): what idleness waits for."""
+        """Deliveries something in this run still works on: what idleness waits for. The least
+        of two counts, each blind where the other sees: those dispatched and not settled (an
+        executor that failed every retry counted as settled: nothing will settle it in this
+        run), and the ledger's in flight less those a server told to wait longer than the
+        worker can (a 429 the client gave up on: left to the reaper and the next run, the drain
+        tries each once more). An outcome whose report met an outage still counts: the
+        reaper tries it again at each tick, and may well get it through before the run ends
+        (idleness still ends the run once quiet for the idle time plus the drain's grace)."""
         counters = self._services.counters.totals()
         settled = sum(counters.get(name, 0) for name in ("processed", "handed_back", "discarded"))
-        return max(0, self._observer.arrivals - settled - self._observer.executor_errors)
+        dispatched = max(0, self._observer.arrivals - settled - self._observer.executor_errors)
+        if dispatched == 0:
+            return 0
+        services = self._services
+        try:
+            items = services.store.in_flight(services.protocol_name, services.instance)
+        except ServerlessWorkerError:
+            return dispatched
+        return min(dispatched, sum(1 for item in items if not _told_to_wait(item)))
 
     def _request_stop(self, reason: str, exit_status: int | None = None, never_reached: bool = False) -> None:
         with self._stop_lock:
@@ -562,6 +600,9 @@ class LocalRunner:
                 self._stop = _Stop(reason, exit_status, never_reached)
         if self._dispatcher is not None:
             self._dispatcher.stop_starting()  # from now on, a delivery pulled is handed back unstarted
+        end_waits_by(time.monotonic() + STOP_WAIT_SECONDS)  # no wait on the server's word outlasts the stop
+        if self._scheduler_ready.is_set():
+            self._scheduler.halt()  # no pull after this: the tick's sleeps end at once from now on
         self._stop_requested.set()
         self._observer.capacity.set()
 
@@ -621,7 +662,7 @@ class LocalRunner:
                          handler_runs=observer.handler_runs, executor_errors=observer.executor_errors,
                          admin_created=admin_created, client_calls=client_calls, server_calls=server_calls,
                          store_ops=dict(services.store.ops), unsettled=observer.unsettled_deliveries(),
-                         unusable=observer.unusable_answers(),
+                         unusable=observer.unusable_answers(), not_asked_for=observer.not_asked_for_counts(),
                          deliberate=sandbox.deliberate if sandbox is not None else None)
 
     def _verdict(self, summary: RunSummary, forced: bool) -> tuple[int, str | None]:
@@ -638,6 +679,9 @@ class LocalRunner:
         if summary.unusable:
             return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}the server sent {sum(summary.unusable.values())} answers "
                                      "the worker could not use (listed above)")
+        if summary.not_asked_for:
+            return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}the server sent {sum(summary.not_asked_for.values())} "
+                                     "deliveries the worker did not ask for, each given back untouched (see the log)")
         # Deliveries an earlier run left and this one settled without running are not "ran none".
         if summary.taken > self._recovered.stranded and not summary.handler_runs:
             return EXIT_INCOMPLETE, (f"{ERROR_PREFIX}took {summary.taken} job(s) and ran none of them (see the "

@@ -38,7 +38,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..loopback import is_loopback_url
-from ..waits import parse_retry_after, pause, time_left, waits_abandoned
+from ..waits import limit, parse_retry_after, pause, time_left, waits_abandoned
 from ._proxy import checked_proxy
 from ._session import ResponseTooLargeError, TransportError, exchange, new_session, open_connections
 
@@ -136,17 +136,19 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "
     attempt count and what is left of its time, and is handed that failure as its own
     first attempt, so its backoff and jitter apply as before.
 
-    A server's ``Retry-After`` is honoured only up to the time left: what is left of the
-    policy's timeout and of any ``waits.time_limit`` this thread is in. It is waited here,
-    not by stamina, so that ``waits.abandon_waits`` ends it; once the time is up or the
-    waits are abandoned, no further attempt is made and the last error is raised.
+    A server's ``Retry-After`` is honoured only when it fits the time left: what is left of
+    the policy's timeout and of every ``waits`` limit this thread is in (the invocation's
+    deadline, a job's lease, the process's stop). One that does not fit is not waited at
+    all: the call gives up at once, and the error says why in ``not_waited`` (the caller
+    logs it once, with the job, and leaves the stored outcome to the reaper or the next
+    run). It is waited here, not by stamina, so that the process's stop ends it.
     ``clock`` and ``sleep`` (default: ``waits.pause``) are for tests.
     """
     started = clock()
     try:
         return fn(1)
     except Exception as err:
-        if policy.attempts <= 1 or _retry_hook(err) is False:
+        if policy.attempts <= 1 or _retry_hook(err) is False or _beyond_time_left(err, policy, started, clock):
             raise
         last: Exception = err
     left = _left(policy, started, clock)
@@ -158,26 +160,20 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "
     import stamina  # here, not at import: stamina and tenacity (asyncio) stay out of a cold start
 
     _quiet_stamina(stamina)
-    told: list[float] = []  # a Retry-After cut short is logged once
 
     def backoff(exc: Exception) -> bool | float:
         asked = _retry_hook(exc)
         left = _left(policy, started, clock)
-        if asked is False or left <= 0:
+        if asked is False or left <= 0 or _beyond_time_left(exc, policy, started, clock):
             return False
         if asked is True or number >= policy.attempts:
             # stamina's own backoff (short: policy.wait_max), or the last attempt failed: stamina
             # stops without waiting.
             return True
-        wait = min(asked, left)
-        if wait < asked and not told:
-            told.append(wait)
-            log.warning("%s asked to wait %.10g s (Retry-After); waiting %.1f s, the time left for this call",
-                        getattr(exc, "endpoint", None) or "the server", asked, wait)
         if sleep is not None:
-            sleep(wait)
-        elif not stamina.is_testing() and not pause(wait):
-            return False  # the time ran out or the waits were abandoned meanwhile
+            sleep(asked)
+        elif not stamina.is_testing() and not pause(asked):
+            return False  # the time ran out or the process's stop came meanwhile
         return 0.0  # waited already: stamina adds nothing
 
     number, replayed = 1, False
@@ -206,6 +202,22 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "
 def _left(policy: RetryPolicy, started: float, clock: Callable[[], float]) -> float:
     """What is left of the policy's timeout and of this thread's time limits."""
     return min(policy.timeout - (clock() - started), time_left())
+
+
+def _beyond_time_left(err: Exception, policy: RetryPolicy, started: float, clock: Callable[[], float]) -> bool:
+    """A 429 whose Retry-After does not fit the time left: noted on ``err.not_waited`` (which
+    limit, how long), so the give-up says why in one line, and not waited."""
+    if not isinstance(err, RateLimitedError) or err.retry_after is None:
+        return False
+    binding = limit()
+    budget = policy.timeout - (clock() - started)
+    seconds, what = (budget, f"the retry budget ({policy.timeout:g} s)") if budget <= binding.seconds \
+        else (binding.seconds, binding.what)
+    if err.retry_after <= seconds:
+        return False
+    err.not_waited = (f"the server asked to wait {err.retry_after:.10g} s (Retry-After); {max(0.0, seconds):.1f} s "
+                      f"were left before {what}, so it was not waited")
+    return True
 
 
 _STAMINA_QUIETED = False

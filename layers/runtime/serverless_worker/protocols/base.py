@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from ..logsafety import server_text
 from ..model import Delivery, Lease, Outcome, ReportReceipt, SessionState
 
 __all__ = [
@@ -22,7 +23,13 @@ __all__ = [
     "WorkerEvent",
     "PullRequest",
     "WorkerProtocol",
+    "server_value",
 ]
+
+
+def server_value(value: object) -> str:
+    """A value a server sent, as a log line may quote it: bounded, controls escaped."""
+    return repr(server_text(value if isinstance(value, str) else repr(value), (), limit=80))
 
 
 class WorkerIdentity(BaseModel):
@@ -137,6 +144,14 @@ class WorkerProtocol(ABC):
 
     def shutdown(self, reason: str) -> None:
         """Mark the worker stopped (Pipelogiq); a no-op elsewhere."""
+
+    def not_asked_for(self, request: PullRequest, delivery: Delivery) -> str | None:
+        """Why ``delivery`` is not what ``request`` asked for, in words quoting the server's
+        values (``type 'b', asked for 'a'``); ``None`` when it is. The runtime gives such a
+        delivery back untouched (``runtime/pulling.py``): no handler runs, no attempt is used."""
+        if delivery.handler != request.handler:
+            return f"handler {server_value(delivery.handler)}, asked for {request.handler!r}"
+        return None
 
     def take_unaddressable(self) -> list[str]:
         """What each delivery pulled since the last call and left without an outcome,

@@ -46,6 +46,7 @@ from ._http import HttpResponse
 from ._paths import path_segment
 from .addressing import UNADDRESSABLE_PER_PULL, AddressTally
 from .base import PullRequest
+from .claimqueue_criteria import criteria_miss
 from .claimqueue_models import (
     ClaimAnswer,
     ClaimRequest,
@@ -283,6 +284,16 @@ class ClaimQueueClient(HttpProtocolClient):
 
     def take_unaddressable(self) -> list[str]:
         return self._tally.take_unaddressable()
+
+    def not_asked_for(self, request: PullRequest, delivery: Delivery) -> str | None:
+        """The queue is the handler; an item that fails the claim's criteria is not ours
+        (``claimqueue_criteria``). A malformed item (``invalid``) is reported, not judged."""
+        if delivery.invalid is not None:
+            return super().not_asked_for(request, delivery)
+        miss = criteria_miss(delivery.payload, request.criteria)
+        if miss is not None:
+            return f"item fails the criteria: {server_text(miss, (self._secret(),), limit=240)}"
+        return super().not_asked_for(request, delivery)
 
     def hand_back(self, delivery: Delivery) -> None:
         """Return an unstarted item without reporting it.

@@ -28,7 +28,7 @@ def create_client(settings: Settings, credential: SecretStr, *, retry: RetryPoli
                   **overrides: Any) -> WorkerProtocol:
     """A client for ``settings.protocol`` holding ``credential`` (API key or bearer token)."""
     common: dict[str, Any] = {
-        "retry": retry or RetryPolicy(),
+        "retry": retry or RetryPolicy(timeout=settings.max_wait_seconds),
         "connect_timeout": settings.connect_timeout,
         "read_timeout": settings.read_timeout,
         "allow_insecure_http": settings.allow_insecure_http,

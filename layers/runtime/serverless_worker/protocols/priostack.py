@@ -159,7 +159,9 @@ class PriostackClient(HttpProtocolClient):
 
         ``wait_seconds`` is ignored: the server never long-polls, and sleeping 1-5 s
         between empty polls is the caller's job. A delivery's ``handler`` is the job's
-        own ``type`` (which a server ignoring the filter could make differ).
+        own ``type`` (which a server ignoring the filter could make differ), and a server
+        that ignores ``maxJobsToActivate`` gets all it sent returned: what was not asked
+        for is the runtime's to give back (``not_asked_for``, ``runtime/pulling.py``).
         """
         body = ActivateRequest(type=request.handler, maxJobsToActivate=request.max_items)
         # Never retried. Jobs do not expire: an activation whose answer was lost has
@@ -181,17 +183,8 @@ class PriostackClient(HttpProtocolClient):
                 f"activated jobs carry {lack}: this server does not speak the Priostack job-worker API "
                 f"this worker implements; the {len(jobs)} jobs taken stay active on it until it restarts "
                 "(Priostack jobs never expire), none was completed or failed")
-        if len(deliveries) > request.max_items:
-            # More than asked for: hand the surplus straight back (no attempt used) rather
-            # than run work we have no capacity for, or strand it by dropping it.
-            log.warning("priostack activation returned %d jobs for maxJobsToActivate=%d; "
-                        "handing back the rest", len(deliveries), request.max_items)
-            for extra in deliveries[request.max_items:]:
-                try:
-                    self.hand_back(extra)
-                except ProtocolError as err:
-                    log.error("could not hand back surplus job %s: %s", extra.job_id, err)
-            deliveries = deliveries[:request.max_items]
+        # Every job taken is returned, even beyond maxJobsToActivate or of another type: the
+        # runtime gives back what it did not ask for (runtime/pulling.py), never drops it.
         return deliveries
 
     def report(self, delivery: Delivery, outcome: Outcome) -> ReportReceipt:

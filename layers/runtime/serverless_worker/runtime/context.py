@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["LambdaContextLike", "LocalContext"]
+from ..waits import time_limit
+
+__all__ = ["WAIT_MARGIN_SECONDS", "LambdaContextLike", "LocalContext", "invocation_time_limit"]
+
+WAIT_MARGIN_SECONDS = 2.0  # a retry wait ends this long before the invocation's timeout
 
 
 class LambdaContextLike(Protocol):
@@ -39,3 +44,11 @@ class LocalContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int((self.timeout_seconds - (time.monotonic() - self.started)) * 1000))
+
+
+def invocation_time_limit(context: LambdaContextLike) -> AbstractContextManager[None]:
+    """No retry wait in the block outlasts the invocation: each ends ``WAIT_MARGIN_SECONDS``
+    before its timeout would (``waits.time_limit``), so the failed call is recorded, and
+    left to the reaper, instead of the invocation being killed mid-wait."""
+    return time_limit(lambda: context.get_remaining_time_in_millis() / 1000 - WAIT_MARGIN_SECONDS,
+                      what="the invocation's deadline")

@@ -29,6 +29,7 @@ class DrainReport:
     handed_back: int = 0
     still_running: int = 0
     shutdown_called: bool = False
+    settled_at_end: int = 0  # outcomes left to the reaper, settled by the drain's last try
 
 
 def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: float = 1.0,
@@ -64,11 +65,15 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
                     report.handed_back += 1
                 except ServerlessWorkerError as err:
                     log.warning("hand back during drain failed: %s", err)
-        remaining = store.count_in_flight(protocol_name, instance)
+        # Waited for: what an executor or execution still works on. An item whose settling
+        # the client gave up on (a noted failure) is the reaper's: nothing here settles it
+        # sooner, so it holds no drain (it gets one more try below).
+        remaining = sum(1 for item in store.in_flight(protocol_name, instance) if not item.settle_failures)
         if (remaining == 0 and now - start >= quiet_seconds) or now - start >= grace_seconds:
-            report.still_running = remaining
             break
         sleep(poll_seconds)
+    report.settled_at_end = _settle_left_to_the_reaper(services)
+    report.still_running = store.count_in_flight(protocol_name, instance)
     report.waited_seconds = services.clock() - start
     report.finished_in_flight = max(0, initial - report.handed_back - report.still_running)
     services.counters.flush()  # this container's batched counts (runtime.counters), before it stops
@@ -83,6 +88,32 @@ def drain(services: Services, *, grace_seconds: float = 60.0, poll_seconds: floa
                         f"{report.still_running} still running")
     services.events.flush(services.protocol)
     return report
+
+
+def _settle_left_to_the_reaper(services: Services) -> int:
+    """One more try, before the worker stops, for each delivery whose outcome is stored and
+    whose report (or acknowledgement) the client gave up on: a server that has relented gets
+    it now rather than at the next reap. One attempt each (the reaper's client), whatever
+    its noted retry time; a failure is noted as the reaper's would be. Returns how many settled."""
+    from .reaper import reap_action
+    from .settle import acknowledge, settle
+
+    settler = services.settler(reaping=True)
+    settled = 0
+    for item in services.store.in_flight(services.protocol_name, services.instance):
+        action = reap_action(item) if item.settle_failures else None
+        try:
+            if action == "resettle" and item.outcome is not None:
+                settle(settler, item.key, item.delivery, item.outcome)
+            elif action == "acknowledge":
+                acknowledge(settler, item.key, item.delivery)
+            else:
+                continue
+            settled += 1
+        except ServerlessWorkerError as err:
+            log.warning("delivery %s still not settled at the drain's end (left to the reaper and the next run): "
+                        "%s", item.key, err)
+    return settled
 
 
 def resume_pulling(services: Services) -> None:

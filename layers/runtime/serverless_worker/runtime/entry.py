@@ -19,20 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..awsclients import aws_setup_error, check_region
 from ..errors import ConfigurationError, ServerlessWorkerError
-from ..waits import time_limit
-from .context import LambdaContextLike
+from .context import WAIT_MARGIN_SECONDS, LambdaContextLike, invocation_time_limit
 
 if TYPE_CHECKING:
     from .metrics import Metrics
     from .scheduler import Scheduler
     from .services import Services
 
-__all__ = ["aws_setup_error", "drain_worker", "execute_delivery", "reset_services", "scheduler_tick",
-           "services_from_environment", "state_machine_step", "tick_trigger"]
+__all__ = ["WAIT_MARGIN_SECONDS", "aws_setup_error", "drain_worker", "execute_delivery", "reset_services",
+           "scheduler_tick", "services_from_environment", "state_machine_step", "tick_trigger"]
 
 log = logging.getLogger("serverless_worker.entry")
-
-WAIT_MARGIN_SECONDS = 2.0  # a retry wait ends this long before the invocation's timeout
 
 
 @functools.cache
@@ -105,7 +102,7 @@ def _clear_errors(entry: Entry) -> Entry:
     @functools.wraps(entry)
     def wrapper(event: dict[str, Any], context: LambdaContextLike) -> dict[str, Any]:
         try:
-            with time_limit(lambda: context.get_remaining_time_in_millis() / 1000 - WAIT_MARGIN_SECONDS):
+            with invocation_time_limit(context):
                 return entry(event, context)
         except ServerlessWorkerError:
             raise
@@ -140,6 +137,7 @@ def scheduler_tick(event: dict[str, Any], context: LambdaContextLike) -> dict[st
     m.add("DispatchFailed", report.dispatch_failed)
     m.add("StrandedReaped", report.reaped)
     m.add("PullersStarted", report.pullers)
+    m.add("DeliveriesNotAskedFor", len(report.not_asked_for))
     if not any(e.startswith("pull:") for e in report.errors) and report.pulls:
         m.add("SuccessfulPolls", 1)
     m.flush()
@@ -151,8 +149,7 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
     """One delivery (``{"ledger_key": k}``), then more pulled for its handler where the
     event says the scheduler's pull came back full (``"pull": true``); or a puller
     (``{"pull": {"handler": h, "by": t}}``). With ``self_pull`` off, only the ledger key counts."""
-    from .executor import execute, pull_for
-    from .retry_owners import CLIENT_RETRIED
+    from .executor import execute_or_defer, pull_for
 
     key, pull, puller = _executor_event(event)
     services = services_from_environment()
@@ -166,16 +163,10 @@ def execute_delivery(event: dict[str, Any], context: LambdaContextLike) -> dict[
         if result.get("action") == "late":
             m.add("PullersLate", 1)
     else:
-        try:
-            result = execute(services, key, context, pull=pull and services.settings.self_pull)
-        except CLIENT_RETRIED as err:
-            # The client retried the call as long as it could and gave up; the settling call is
-            # noted on the ledger item, where the reaper takes it up at the noted time. Raising
-            # would only have Lambda retry the same call again (docs/retries.md).
-            log.warning("delivery %s left to the reaper, which settles it at the time noted on it (%s): nothing "
-                        "is lost", key, err)
-            result = {"ledger_key": key, "action": "deferred", "error": type(err).__name__}
+        result = execute_or_defer(services, key, context, pull=pull and services.settings.self_pull)
         m.add(f"Jobs_{result.get('action', 'unknown')}", 1)
+    if result.get("not_asked_for"):
+        m.add("DeliveriesNotAskedFor", result["not_asked_for"])
     for pulled in result.get("self_pulled") or ():  # Jobs_<action> once per delivery, not per invocation
         m.add(f"Jobs_{pulled['action']}", 1)
         m.add("SelfPulled", 1)

@@ -25,19 +25,39 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..errors import RateLimitedError
 from ..model import LedgerStatus
 from ..state.errors import StaleWriteError
 from . import outcomes
-from .context import LambdaContextLike
+from .context import LambdaContextLike, invocation_time_limit
 from .pipeline import claim, deliver
 from .pulling import long_running
+from .retry_owners import CLIENT_RETRIED
 from .self_pull import SelfPull, keep_pulling
 from .services import Services
 from .settle import acknowledge, settle
 
-__all__ = ["execute", "pull_for", "resume"]
+__all__ = ["execute", "execute_or_defer", "pull_for", "resume"]
 
 log = logging.getLogger("serverless_worker.executor")
+
+
+def execute_or_defer(services: Services, ledger_key: str, context: LambdaContextLike, *,
+                     pull: bool = False) -> dict[str, Any]:
+    """:func:`execute` as an invocation runs it (Lambda's entry, the local runner's executor
+    threads): no wait outlasts the invocation, and a settling call the client gave up on (an
+    outage, a Retry-After beyond the time left) ends the invocation ``deferred``: its outcome
+    is stored and the failure noted on the ledger item, where the reaper (or the local
+    runner's next run) takes it up at the noted time. Raising would only have Lambda retry
+    the same call again (docs/retries.md). Logged once, in one line, with why."""
+    try:
+        with invocation_time_limit(context):
+            return execute(services, ledger_key, context, pull=pull)
+    except CLIENT_RETRIED as err:
+        why = f"; {err.not_waited}" if isinstance(err, RateLimitedError) and err.not_waited else ""
+        log.warning("delivery %s: its outcome is stored, but %s%s; left to the reaper and the next run, which "
+                    "report it", ledger_key, err, why)
+        return {"ledger_key": ledger_key, "action": "deferred", "error": type(err).__name__}
 
 
 def execute(services: Services, ledger_key: str, context: LambdaContextLike, *,
@@ -81,7 +101,7 @@ def execute(services: Services, ledger_key: str, context: LambdaContextLike, *,
         if loop is not None:
             loop.after(settlement)
             loop.run()
-            result.update(self_pulled=loop.self_pulled, stopped=loop.stopped)
+            result.update(self_pulled=loop.self_pulled, stopped=loop.stopped, **_unasked(loop))
         return result
 
 
@@ -98,7 +118,12 @@ def pull_for(services: Services, handler: str, by: float, context: LambdaContext
             return {"handler": handler, "self_pulled": [], "stopped": "refused"}
         loop.first()
         loop.run()
-        return {"handler": handler, "self_pulled": loop.self_pulled, "stopped": loop.stopped}
+        return {"handler": handler, "self_pulled": loop.self_pulled, "stopped": loop.stopped, **_unasked(loop)}
+
+
+def _unasked(loop: SelfPull) -> dict[str, int]:
+    """``not_asked_for``: the deliveries its pulls gave back untouched, when there were any."""
+    return {"not_asked_for": loop.not_asked_for} if loop.not_asked_for else {}
 
 
 def _loop(services: Services, context: LambdaContextLike, handler: str, *, taken: int) -> SelfPull | None:

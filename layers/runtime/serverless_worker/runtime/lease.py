@@ -48,6 +48,11 @@ class LeaseKeeper:
         self.renewals = 0
         self.lost_reason: str | None = None
 
+    @property
+    def expires_at(self) -> float | None:
+        """The lease's end as last granted (epoch seconds), ``None`` when it has none."""
+        return self._expires_at
+
     def start(self) -> LeaseKeeper:
         self._alarm = self._alarms.after(self._interval(), self._begin)
         return self

@@ -36,6 +36,7 @@ METRIC_NAMES: frozenset[str] = frozenset({
     "SuccessfulPolls", "DeliveriesPulled", "DeliveriesDispatched", "DuplicatesDiscarded", "DispatchFailed",
     "StrandedReaped",
     "PullersStarted",    # executors started to pull their own deliveries (setting self_pull)
+    "DeliveriesNotAskedFor",  # and executors that pull: deliveries given back untouched (runtime/pulling.py)
     # the executor, once per delivery (entry.execute_delivery)
     *(f"Jobs_{action}" for action in EXECUTOR_ACTIONS),
     "SelfPulled",        # one per delivery an executor pulled itself (runtime/self_pull.py)

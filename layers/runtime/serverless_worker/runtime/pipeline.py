@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import LeaseRefusedError, PayloadTooLargeError, ProtocolError, UnknownHandlerError
 from ..model import Delivery, Lease, Outcome
 from ..protocols.base import WorkerProtocol
 from ..state.errors import StaleWriteError
+from ..waits import time_limit
 from . import outcomes
 from .budget import budget_fits, lapsed_at_grant, lease_never_fits, never_fits, time_budget
 from .fit import lease_bound_confirmed, lease_fitted, report_unfit
@@ -191,13 +193,28 @@ def deliver(services: Services, key: str, delivery: Delivery, *, epoch: str, rem
 
     services.refusals.went_through(delivery)
     lease_fitted(spec.name)
-    outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget),
+    held: list[float | None] = [lease.expires_at]
+    outcome = store_outcome(services.store, key, epoch, _run(services, delivery, spec, lease, budget, held),
                             delivery=delivery)
-    return settle(settler or services.settler(), key, delivery, outcome)
+    with _within_lease(services, held[0]):
+        return settle(settler or services.settler(), key, delivery, outcome)
 
 
-def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease, budget: float) -> Outcome:
-    """Run the handler within ``budget``, renewing a renewable lease beside it; a lost lease cancels it."""
+def _within_lease(services: Services, expires_at: float | None) -> AbstractContextManager[None]:
+    """Retry waits of the report end at the lease's end less the report margin, where a
+    result after the lease is not taken (Pipelogiq: its recovery redispatches the job); past
+    it the stored outcome is the reaper's. The claim queue takes a late result: no limit."""
+    if expires_at is None or services.protocol.late_results:
+        return nullcontext()
+    end = expires_at - services.settings.report_margin_seconds
+    clock = services.clock
+    return time_limit(lambda: end - clock(), what="the job's lease end less the report margin")
+
+
+def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease, budget: float,
+         held: list[float | None]) -> Outcome:
+    """Run the handler within ``budget``, renewing a renewable lease beside it; a lost lease
+    cancels it. ``held[0]`` becomes the lease's end as last renewed."""
     from ..handler_runner import run_handler
 
     cancel = threading.Event()
@@ -219,5 +236,6 @@ def _run(services: Services, delivery: Delivery, spec: HandlerSpec, lease: Lease
     finally:
         if keeper is not None:
             keeper.stop()
+            held[0] = keeper.expires_at
     # A Continue from a short handler is turned into a failure by the runner
     return result.outcome if result.outcome is not None else outcomes.no_outcome()

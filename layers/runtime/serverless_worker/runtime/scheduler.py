@@ -51,7 +51,7 @@ from .context import LambdaContextLike
 from .control import CONTROL_CHECK_SECONDS
 from .poison import UNSETTLED, settle_unrecordable
 from .polling import WORK_LINGER_SECONDS, EmptyPollBackoff, answered_early, idle_window
-from .pulling import criteria, discard_duplicate, long_running, pull_noting_unaddressable
+from .pulling import NotAskedFor, criteria, discard_duplicate, long_running, pull_asked_for
 from .reaper import reap
 from .services import Services
 from .settle import hand_back, handback_epoch
@@ -98,6 +98,9 @@ class TickReport:
     pullers: int = 0  # executors started without a delivery to pull their own (setting self_pull)
     pullers_failed: int = 0  # puller invokes that did not go through (their slots freed at once)
     handed_back: int = 0  # pulled as a drain or stop began: recorded and handed back unstarted
+    # Deliveries a pull brought that it did not ask for, given back untouched (runtime/pulling.py):
+    # {"job_id", "why", "kind", "given_back"} each.
+    not_asked_for: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -132,6 +135,7 @@ class Scheduler:
         self._reservations = _Reservations()  # slots held for the pullers started (self_pull)
         self._control_read_at = -math.inf  # when this tick last read the control item (runtime/control.py)
         self._halted = False  # this tick saw draining or stopped: what it still records goes back unstarted
+        self._halt = threading.Event()  # halt(): this process is stopping (the local runner), pull no more
 
     # -- the tick ---------------------------------------------------------------
     def tick(self, context: LambdaContextLike, *, window: float | None = None) -> TickReport:
@@ -198,6 +202,10 @@ class Scheduler:
         room_since: float | None = None  # since when some, but not a batch's worth of, room is free
         self._early_empties = 0
         while report.stopped is None:
+            if self._halt.is_set():  # the process is stopping: its own sleeps end at once, so pull no more
+                self._halted = True
+                report.stopped = "draining"
+                break
             end = min(full_end, busy_until)
             # Stop when less than a second is left: a pull then could outlast the window. The
             # first round of pulls is always made (the while-work mode's one poll).
@@ -394,6 +402,8 @@ class Scheduler:
         queue has work, so this one is asked only for what is already waiting."""
         services = self.services
         settings = services.settings
+        if self._halt.is_set():
+            return []
         left = deadline - services.clock()
         wait = 0.0
         if services.protocol.long_poll and not hurry:
@@ -403,15 +413,41 @@ class Scheduler:
             wait = max(1.0, min(settings.wait_seconds_long_poll, left - 0.5, until_heartbeat) / handlers)
         request = PullRequest(handler=handler, max_items=room, wait_seconds=wait,
                               criteria=criteria(self.services, handler))
+        watcher = services.watcher
+        if watcher is not None and not watcher.pull_begins():
+            return []  # the local run is ending at its idle edge: no pull starts after it
+        brought = 0
+        try:
+            deliveries, pause = self._pull_once(report, request, wait, left)
+            brought = len(deliveries)
+        finally:
+            if watcher is not None:
+                watcher.pull_ended(brought)
+        if pause > 0:  # a refused or failed pull's back-off: no pull is in flight meanwhile
+            self._sleep(pause)
+        return deliveries
+
+    def _pull_once(self, report: TickReport, request: PullRequest, wait: float,
+                   left: float) -> tuple[list[Delivery], float]:
+        """:meth:`_pull`'s call and what each of its errors means for the tick: the
+        deliveries, and how long to pause before the next pull (after the pull is over)."""
+        services = self.services
+        settings = services.settings
         with self._report_lock:  # parallel claims report from several threads
             report.pulls += 1
         asked_at = services.clock()
         note = functools.partial(self._note_unaddressable, report)
         try:
-            deliveries = services.call(lambda p: pull_noting_unaddressable(p, request, note))
+            deliveries = pull_asked_for(services, request, unaddressable=note,
+                                        not_asked=functools.partial(self._note_not_asked, report))
         except RateLimitedError as err:
-            self._sleep(min(err.retry_after or 1.0, max(0.0, left)))
-            return []
+            # The server's hint, but never past the window nor the configured maximum: one pull
+            # per pause, never a storm, and a stop ends the pause (the local runner's sleep).
+            pause = min(err.retry_after or 1.0, max(0.0, left), settings.max_wait_seconds)
+            if err.retry_after is not None and err.retry_after > pause:
+                log.info("pull rate limited: the server asked to wait %.10g s (Retry-After); pausing %.1f s, "
+                         "the most this tick waits", err.retry_after, pause)
+            return [], pause
         except ServerUnavailableError as err:
             self._note_error(report, f"pull: {err}")
             with self._report_lock:
@@ -420,9 +456,8 @@ class Scheduler:
                     report.stopped = "server unavailable"
                     log.warning("job server unavailable for %d pulls in a row, ending the tick: %s",
                                 self._unavailable, err)
-                    return []
-            self._sleep(min(2.0, max(0.0, left)))
-            return []
+                    return [], 0.0
+            return [], min(2.0, max(0.0, left))
         except (InvalidApiKeyError, ForbiddenError, BadRequestError, NotFoundError,
                 ConfigurationError) as err:
             # Configuration is wrong: pulling again this tick cannot succeed.
@@ -430,7 +465,7 @@ class Scheduler:
             report.stopped = f"configuration: {type(err).__name__}"
             services.events.add("worker.pull_rejected", str(err), level="ERROR")
             log.error("pull rejected, ending tick: %s", err)
-            return []
+            return [], 0.0
         except ProtocolError as err:
             # A garbage, truncated or oversized answer: the server misbehaves. Back off as
             # for a 5xx; the tick goes on and ends on time.
@@ -439,14 +474,13 @@ class Scheduler:
                 with self._report_lock:
                     report.unusable.append(f"pull: {err}")
             log.warning("pull answer unusable: %s", err)
-            self._sleep(min(2.0, max(0.0, left)))
-            return []
+            return [], min(2.0, max(0.0, left))
         with self._report_lock:
             report.pulled += len(deliveries)
             self._unavailable = 0
             if not deliveries and answered_early(wait, services.clock() - asked_at):
                 self._early_empties += 1
-        return deliveries
+        return deliveries, 0.0
 
     def _note_unaddressable(self, report: TickReport, lacks: list[str]) -> None:
         """Each delivery a pull took and left to the server's own return path, in
@@ -454,6 +488,11 @@ class Scheduler:
         with self._report_lock:
             report.unusable.extend(f"pull: a delivery with {lack}, left to the server's own "
                                    "return path" for lack in lacks)
+
+    def _note_not_asked(self, report: TickReport, unasked: NotAskedFor) -> None:
+        with self._report_lock:
+            report.not_asked_for.append({"job_id": unasked.job_id, "why": unasked.why, "kind": unasked.kind,
+                                         "given_back": unasked.given_back})
 
     def _pull_backlog(self, report: TickReport, handler: str, room: int, deadline: float,
                       handlers: int, *, hurry: bool = False) -> list[Delivery]:
@@ -587,6 +626,13 @@ class Scheduler:
         except ProtocolError as err:
             log.warning("hand back (%s) did not go through: %s", reason, err)
         return False
+
+    def halt(self) -> None:
+        """The process is stopping (the local runner's Ctrl-C, SIGTERM or idleness): a running
+        tick sends no further pull, from any thread, and ends at its loop's next turn. Its
+        sleeps end early by then, and without this a refused pull would follow a refused
+        pull at once. Lambda's ticks never need it: the draining flag stops them."""
+        self._halt.set()
 
     def wake(self) -> None:
         """Heartbeat and re-read the control flags at the next turn of a running tick's loop,

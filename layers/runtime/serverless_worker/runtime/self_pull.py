@@ -31,7 +31,7 @@ from .capacity import capacity_limit
 from .context import LambdaContextLike
 from .pipeline import deliver
 from .poison import settle_unrecordable
-from .pulling import criteria, discard_duplicate, long_running, pull_noting_unaddressable
+from .pulling import NotAskedFor, criteria, discard_duplicate, long_running, pull_asked_for
 from .retry_owners import CLIENT_RETRIED
 from .services import Services
 from .session import same_session
@@ -124,6 +124,7 @@ class SelfPull:
     done: int = 0
     stopped: str | None = None
     self_pulled: list[dict[str, str]] = field(default_factory=list)
+    not_asked_for: int = 0  # deliveries its pulls brought that were not asked for, given back (runtime/pulling.py)
     _stash: _Pulled | None = None
     _checked_at: float = -math.inf
     _control: Mapping[str, Any] = field(default_factory=dict)
@@ -237,8 +238,10 @@ class SelfPull:
                               criteria=criteria(services, self.handler))
         # Each error ends the loop (stop_reason), none is waited on: pacing and back-off
         # are the scheduler's.
+        unasked_before = self.not_asked_for
         try:
-            deliveries = services.call(lambda p: pull_noting_unaddressable(p, request, _log_unaddressable))
+            deliveries = pull_asked_for(services, request, unaddressable=_log_unaddressable,
+                                        not_asked=self._note_not_asked)
         except RateLimitedError as err:
             log.info("self-pull rate limited: %s", err)
             self._pull_error = "rate_limited"
@@ -252,17 +255,19 @@ class SelfPull:
             self._pull_error = "pull_error"
             return
         self.last_full = len(deliveries) >= 1
-        if not deliveries:
-            return
-        for extra in deliveries[1:]:  # never more than asked; a server that sends more gets them back
-            self._give_back(extra)
-        self._admit(deliveries[0])
+        if deliveries:  # never more than the one asked for: pull_asked_for gave back the rest
+            self._admit(deliveries[0])
+        elif self.not_asked_for > unasked_before:
+            self._stop("refused")  # the server hands out what we did not ask for: pacing is the scheduler's
+
+    def _note_not_asked(self, unasked: NotAskedFor) -> None:
+        self.not_asked_for += 1
 
     def _admit(self, delivery: Delivery) -> None:
         """Record ``delivery`` as running under a new run epoch, or settle what cannot run here."""
         services = self.services
-        if delivery.handler != self.handler or long_running(services, delivery.handler):
-            # A server ignoring the handler asked for, or a long-running one: not ours to run here.
+        if long_running(services, delivery.handler):
+            # A long-running handler's delivery: the state machine runs those, not this loop.
             self._give_back(delivery, record=True)
             self._stop("refused")
             return

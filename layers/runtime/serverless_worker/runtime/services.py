@@ -58,6 +58,14 @@ class DeliveryWatcher(Protocol):
         """The handler reported ``value`` through ``job.progress`` (on the handler's thread:
         keep it, format it later)."""
 
+    def pull_begins(self) -> bool:
+        """A pull is about to be sent; ``False``: the run is ending, send none. Paired with
+        :meth:`pull_ended`, so a run that ends when idle never ends with a pull in flight."""
+
+    def pull_ended(self, deliveries: int) -> None:
+        """The pull begun is over and brought ``deliveries`` (counted as work at once, before
+        they are recorded and dispatched, so no idle edge falls between)."""
+
 
 @dataclass
 class Services:

@@ -68,6 +68,10 @@ FaultKind = Literal[
     # activate and the claim queue's claim answer at once anyway, as their documents say.
     "ignore_wait",
     "naive_lease_time",    # a granted lease's leaseExpiresAt without a time zone (Pipelogiq)
+    # Hand out work the worker did not ask for, once per firing: Priostack activates jobs of
+    # every type (the type filter ignored), Pipelogiq delivers a stage of another handler's
+    # queue, the claim queue hands out the oldest pending item whatever the criteria.
+    "foreign_delivery",
 ]
 
 # What an "echo_request" error text ends with: a terminal escape, a forged log line, a NUL

@@ -30,6 +30,8 @@ Choices where the document is silent:
   on both transports.
 - ``duplicate_delivery`` on ``claim`` hands out an item already leased to someone, as
   is (same attempt, same lease), when one matches the criteria.
+- ``foreign_delivery`` on ``claim`` hands out the oldest pending item of the queue whatever
+  the criteria, once per firing (only when an item that fails them is pending).
 - ``expired_lease`` on ``claim`` grants the lease already past (``until`` a second ago);
   the item lapses back to pending at the next sweep, as any lapsed lease does.
 """
@@ -397,6 +399,9 @@ class ClaimQueueSandbox(Sandbox):
             dup = leased[0]
             dup.record("duplicate_delivery", worker=worker, via=via, lease=dup.lease(), attempt=dup.attempts)
             return self._claim_view(dup)
+        if criteria and any(i.queue == queue and i.status == PENDING and not matches(i.item, criteria)
+                            for i in self._items.values()) and self.faults.fire("foreign_delivery", "claim"):
+            criteria = None  # this claim hands out the oldest pending item, whatever it asked for
         for item in self._items.values():
             if item.queue == queue and item.status == PENDING and matches(item.item, criteria):
                 item.status = PROCESSING

@@ -519,7 +519,7 @@ class PipelogiqSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
-            pending = self.queues.get(queue)
+            pending = self._foreign(app_id, queue) or self.queues.get(queue)
             if pending:
                 self.pulls.append({"queue": queue, "waitSeconds": wait, "status": 200})
                 return self._deliver(pending.popleft())
@@ -528,6 +528,15 @@ class PipelogiqSandbox(Sandbox):
                 self.pulls.append({"queue": queue, "waitSeconds": wait, "status": 204})
                 return Response(status_code=204)
             await asyncio.sleep(min(self.config.poll_interval, remaining))
+
+    def _foreign(self, app_id: int, queue: str) -> deque[_Message] | None:
+        """Another handler's pending stages of the same application, when the
+        ``foreign_delivery`` fault fires: this pull hands out one of them instead."""
+        others = [pending for name, pending in self.queues.items()
+                  if pending and name != queue and name.startswith(f"app_{app_id}_")]
+        if others and self.faults.fire("foreign_delivery", "pull"):
+            return others[0]
+        return None
 
     def _deliver(self, message: _Message) -> Response:
         if self.faults.fire("duplicate_delivery", "pull"):

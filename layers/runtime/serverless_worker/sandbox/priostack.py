@@ -24,6 +24,9 @@ Choices where the documents are silent:
   caller's key as the documents' ``api_key`` field does.
 - ``overdeliver`` (a quirk, off by default) answers more jobs than asked for, so the
   client's handling of a server that ignores ``maxJobsToActivate`` can be tested.
+- The ``foreign_delivery`` fault on ``activate`` ignores the ``type`` asked for in that
+  one activation: jobs of every type are handed out, as the documents say happens
+  without ``type``.
 - ``numeric_keys`` turns job, instance and definition keys into JSON numbers in
   activation answers only (for bad-input tests).
 - ``sequential_keys`` (off by default) takes job and instance keys from counters that
@@ -271,6 +274,10 @@ class PriostackSandbox(Sandbox):
             maximum = 0
         if not isinstance(maximum, int) or isinstance(maximum, bool):
             raise _invalid_json()
+
+        if job_type and any(self._jobs[key].type != job_type for key in self._waiting) and \
+                self.faults.fire("foreign_delivery", "activate"):
+            job_type = None  # this activation ignores the type it was asked for
 
         def matches(job: _Job) -> bool:
             return job.instance.owner == owner and (not job_type or job.type == job_type)
