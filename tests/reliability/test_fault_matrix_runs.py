@@ -132,9 +132,12 @@ def killed_sandbox(protocol: str, path: str) -> dict[str, Any] | None:
     """Pipelogiq: a lease outliving the dead executor, so the timeout result (not the server's
     lease recovery) brings the retry. Claim queue: a short lease that still leaves the handler
     a budget of 1 s or more (its budget stops 2 s before the lease ends), whatever the load;
-    on the self-pull path one its handler's whole 2.5 s timeout fits (``claim_lease``)."""
+    on the self-pull path one its handler's whole 2.5 s timeout fits (``claim_lease``). The
+    retry's claim must hold until the retry has reported: on a 2-core machine kept busy, a
+    5 s lease lapsed again under the retried run (lapse, claim, lapse), so 10 s on the
+    scheduler's path."""
     return {"pipelogiq": {"lease_seconds": 20},
-            "claimqueue": {"lease_seconds": claim_lease(path, 5)}}.get(protocol)
+            "claimqueue": {"lease_seconds": claim_lease(path, 10)}}.get(protocol)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
