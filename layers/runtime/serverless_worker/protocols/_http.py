@@ -161,7 +161,9 @@ def retry_call[T](fn: Callable[[int], T], policy: RetryPolicy, *, where: str = "
 
     _quiet_stamina(stamina)
 
-    def backoff(exc: Exception) -> bool | float:
+    def backoff(exc: BaseException) -> bool | float:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: never retried
+            return False
         asked = _retry_hook(exc)
         left = _left(policy, started, clock)
         if asked is False or left <= 0 or _beyond_time_left(exc, policy, started, clock):
