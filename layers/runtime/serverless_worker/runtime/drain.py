@@ -111,8 +111,8 @@ def _settle_left_to_the_reaper(services: Services) -> int:
                 continue
             settled += 1
         except ServerlessWorkerError as err:
-            log.warning("delivery %s still not settled at the drain's end (left to the reaper and the next run): "
-                        "%s", item.key, err)
+            log.warning("delivery %s still not settled at the drain's end (left to the reaper and the next run; "
+                        "nothing is lost yet): %s", item.key, err)
     return settled
 
 

@@ -56,7 +56,7 @@ def execute_or_defer(services: Services, ledger_key: str, context: LambdaContext
     except CLIENT_RETRIED as err:
         why = f"; {err.not_waited}" if isinstance(err, RateLimitedError) and err.not_waited else ""
         log.warning("delivery %s: its outcome is stored, but %s%s; left to the reaper and the next run, which "
-                    "report it", ledger_key, err, why)
+                    "report it: nothing is lost", ledger_key, err, why)
         return {"ledger_key": ledger_key, "action": "deferred", "error": type(err).__name__}
 
 

@@ -446,7 +446,7 @@ class Scheduler:
             pause = min(err.retry_after or 1.0, max(0.0, left), settings.max_wait_seconds)
             if err.retry_after is not None and err.retry_after > pause:
                 log.info("pull rate limited: the server asked to wait %.10g s (Retry-After); pausing %.1f s, "
-                         "the most this tick waits", err.retry_after, pause)
+                         "the most this tick waits (nothing was taken, so nothing is lost)", err.retry_after, pause)
             return [], pause
         except ServerUnavailableError as err:
             self._note_error(report, f"pull: {err}")
