@@ -59,9 +59,9 @@ def test_a_report_told_to_wait_a_day_is_left_to_the_reaper_and_reported_when_the
 
 def test_a_pipelogiq_report_waits_no_longer_than_the_job_s_lease_less_the_report_margin(
         worker_env: Any, caplog: pytest.LogCaptureFixture) -> None:
-    # given a 3 s lease (the sandbox's here) under the 10 s report margin, and a first report
-    # answered 429 Retry-After: 2, a wait the 30 s retry budget alone would allow
-    env = worker_env("pipelogiq", handlers=["e2e.echo"], handler_module=HANDLERS_PATH)
+    # given a 3 s lease under the 10 s report margin, and a first report answered 429
+    # Retry-After: 2, a wait the 30 s retry budget alone would allow
+    env = worker_env("pipelogiq", handlers=["e2e.echo"], handler_module=HANDLERS_PATH, sandbox={"lease_seconds": 3})
     env.seed("e2e.echo", [{"n": 1}])
     env.admin.faults([{"kind": "rate_limit", "endpoint": "result", "retry_after": 2, "count": 1}])
 
