@@ -88,3 +88,18 @@ def test_a_misspelt_fault_rule_or_config_field_is_refused(serve: Callable[..., S
     assert config.status_code == 400
     assert "unknown field 'lease_second' (did you mean 'lease_seconds'?)" in config.json()["error"]
     assert requests.get(f"{server.url}/_admin/faults", timeout=5).json()["plan"]["rules"] == []
+
+
+def test_switching_faults_off_keeps_the_log_of_what_fired(serve: Callable[..., SandboxServer]) -> None:
+    # A run that switches its faults off to let the last work settle reads what fired afterwards.
+    server = serve("priostack")
+    post(server, "faults", {"seed": 1, "rules": [{"kind": "error_5xx", "endpoint": "*", "status": 503}]}
+         ).raise_for_status()
+    refused = requests.post(f"{server.url}/api/v1/jobs/activate", json={"type": "echo", "worker": "w", "timeout": 1000,
+                                                                   "maxJobsToActivate": 1}, timeout=5)
+    assert refused.status_code == 503
+    off = requests.delete(f"{server.url}/_admin/faults", timeout=5).json()
+    assert off["plan"]["rules"] == [] and [f["kind"] for f in off["fired"]] == ["error_5xx"], off
+    assert requests.get(f"{server.url}/_admin/faults", timeout=5).json()["fired"] == off["fired"]
+    post(server, "faults", {"seed": 2, "rules": []}).raise_for_status()  # a new plan starts a new log
+    assert requests.get(f"{server.url}/_admin/faults", timeout=5).json()["fired"] == []

@@ -146,6 +146,11 @@ class FaultInjector:
         self._fired.clear()
         self.log.clear()
 
+    def stop(self) -> None:
+        """No fault fires from now on; the log of what fired stays, so a run that switches its
+        faults off before it reads the log (to let the last work settle) still sees them."""
+        self.plan = FaultPlan()
+
     def fire(self, kind: str, endpoint: str) -> FaultRule | None:
         """Return the first rule of ``kind`` that fires for ``endpoint`` now, recording it."""
         for index, rule in enumerate(self.plan.rules):
@@ -311,7 +316,7 @@ class Sandbox(ABC):
 
         async def admin_faults(request: Request) -> Response:
             if request.method == "DELETE":
-                self.faults.set(FaultPlan())
+                self.faults.stop()
             elif request.method == "POST":  # GET reads the plan and what fired, unchanged
                 try:
                     self.faults.set(validate_body(FaultPlan, await request.json()))
