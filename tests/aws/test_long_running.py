@@ -182,12 +182,14 @@ def delivery_tokens(env: Env) -> list[str]:
 # --------------------------------------------------------------------------- 1. renewals outlive the lease
 
 
-def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[..., Env],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    env = long_env("pipelogiq", ["long-steady"], sandbox={"lease_seconds": 3})
-    # 7 s of work, and on until 4 renewals: a loaded machine's renew cycles outlast their 1 s Wait.
+def test_pipelogiq_renewals_outlive_a_short_lease(long_env: Callable[..., Env],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 6 s lease renewed every second: a 3 s one lapsed between two renew cycles on a loaded
+    # 2-core machine (each cycle is a Wait, a Lambda task and a call). 9 s of work, and on until
+    # 4 renewals, outlive it.
+    env = long_env("pipelogiq", ["long-steady"], sandbox={"lease_seconds": 6})
     release_after_renewals(env, monkeypatch, 4)
-    env.seed("long-steady", [{"seconds": 7, "tag": "steady", "until_released": True}])
+    env.seed("long-steady", [{"seconds": 9, "tag": "steady", "until_released": True}])
 
     dispatch(env)
     (execution,) = executions(env)
@@ -195,14 +197,14 @@ def test_pipelogiq_renewals_outlive_a_three_second_lease(long_env: Callable[...,
     assert execution["status"] == "SUCCEEDED"
     job = the_job(env)
     assert job["status"] == "Completed" and job["pipelineStatus"] == "Completed"
-    assert len(events_of(job, "lease_renewed")) >= 4  # 7 s of work under a 3 s lease
+    assert len(events_of(job, "lease_renewed")) >= 4  # 9 s of work under a 6 s lease
     assert events_of(job, "lease_refused", "lease_recovered", "lease_revoked") == []
     assert len(events_of(job, "execution_created")) == 1 and len(events_of(job, "lease_acquired")) == 1
     assert reports(env) == [{"success": True, "code": None, "retryable": None,
-                             "value": {"slept": 7.0, "tag": "steady"}}]
+                             "value": {"slept": 9.0, "tag": "steady"}}]
     assert len(events_of(job, "result_applied")) == 1
     (run,) = handlers_long.runs_of("long-steady")
-    assert not run["cancelled"] and run["finished"] - run["started"] >= 7
+    assert not run["cancelled"] and run["finished"] - run["started"] >= 9
     (item,) = ledger(env)
     assert item.status is LedgerStatus.ACKNOWLEDGED and item.outcome is not None
     assert item.outcome.kind is OutcomeKind.SUCCESS
