@@ -23,9 +23,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -33,10 +34,22 @@ from .errors import JobCancelledError
 from .model import ResultLog
 from .textforms import rfc3339, truncate_utf8
 
-if TYPE_CHECKING:
-    from .job_control import Clock, ProgressReporter, Waiter
-
 __all__ = ["MAX_LOG_LINES", "MAX_LOG_MESSAGE_BYTES", "CancelReason", "Job"]
+
+# The types of a Job's runtime wiring (set by ``job_control.runtime_job``, never by a handler).
+ProgressReporter = Callable[[Any], None]
+# How ``job.wait`` sleeps: given the cancel event and the seconds, True once cancelled.
+# The runtime waits on the event; serverless_worker.testing moves a fake clock instead.
+Waiter = Callable[[threading.Event, float], bool]
+
+
+class Clock(Protocol):
+    """What the runtime needs of a clock; the ``time`` module is one."""
+
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
 
 log = logging.getLogger("serverless_worker.job")
 

@@ -7,28 +7,13 @@ runner and ``serverless_worker.testing`` are the callers here.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
-from .job import CancelReason, Job
+from .job import CancelReason, Clock, Job, ProgressReporter, Waiter
 
 __all__ = ["Clock", "JobFields", "ProgressReporter", "Waiter", "cancel_job", "runtime_job"]
-
-ProgressReporter = Callable[[Any], None]
-# How ``job.wait`` sleeps: given the cancel event and the seconds, True once cancelled.
-# The runtime waits on the event; serverless_worker.testing moves a fake clock instead.
-Waiter = Callable[[threading.Event, float], bool]
-
-
-class Clock(Protocol):
-    """What the runtime needs of a clock; the ``time`` module is one."""
-
-    def time(self) -> float: ...
-
-    def monotonic(self) -> float: ...
 
 
 class JobFields(TypedDict, total=False):

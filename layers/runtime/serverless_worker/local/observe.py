@@ -7,7 +7,7 @@ knows when a run was claimed, but only the wrapper knows when the handler itself
 Jobs are counted as the end-of-run summary counts them (``summary.summarize``): a job
 delivered again (a retry, a redelivery) is one job, whose outcome is its last reported
 result, else how its last delivery ended. The runtime tells the observer of each
-delivery recorded and settled (``runtime.services.DeliveryWatcher``), so the live status
+delivery recorded and settled (``runtime.watcher.DeliveryWatcher``), so the live status
 line and the summary count the same unit.
 
 What the run leaves without a definite outcome, and the server answers it could not use,
@@ -111,7 +111,7 @@ class RunObserver:
             self.handler_runs += 1
             self.handler_starts.setdefault(ledger_id, now)  # a continued job keeps its first start
 
-    # -- runtime.services.DeliveryWatcher --------------------------------------------------
+    # -- runtime.watcher.DeliveryWatcher --------------------------------------------------
     def recorded(self, delivery: Any) -> None:
         with self._lock:
             self._jobs.setdefault(str(delivery.job_id), _Job()).open.add(str(delivery.ledger_id))

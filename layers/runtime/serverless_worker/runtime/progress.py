@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..model import Delivery
     from .events import EventBuffer
     from .protocol_client import ProtocolCaller
-    from .services import DeliveryWatcher
+    from .watcher import DeliveryWatcher
 
 __all__ = ["progress_reporter"]
 

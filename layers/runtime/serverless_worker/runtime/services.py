@@ -14,12 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 
 from ..errors import DispatchError
-from ..model import Delivery
 from ..protocols.base import WorkerIdentity, WorkerProtocol
 from .dispatch import Dispatcher
 from .events import EventBuffer
@@ -27,6 +26,7 @@ from .protocol_client import ProtocolClient
 from .refusals import JobRefusals
 from .session import SessionKeeper
 from .settle import Settler
+from .watcher import DeliveryWatcher
 
 if TYPE_CHECKING:  # types only: the runtime must not pay for these imports before it needs them
     from ..registry import HandlerRegistry
@@ -34,37 +34,10 @@ if TYPE_CHECKING:  # types only: the runtime must not pay for these imports befo
     from ..state.base import StateStore
     from .counters import CounterBuffer
 
-__all__ = ["DeliveryWatcher", "Services"]
+__all__ = ["Services"]
 
 log = logging.getLogger("serverless_worker.runtime")
 T = TypeVar("T")
-
-
-class DeliveryWatcher(Protocol):
-    """Told of each delivery as it is recorded and as it settles, in this process, with no
-    I/O: the local runner's live status counts jobs from it. Lambda has none."""
-
-    def recorded(self, delivery: Delivery) -> None:
-        """The delivery is in the ledger and about to be dispatched."""
-
-    def settled(self, delivery: Delivery, how: str) -> None:
-        """It settled: ``done``, ``failed`` (a result reported), ``handed_back`` or ``discarded``."""
-
-    def unsettled(self, job_id: str, reason: str) -> None:
-        """The delivery of ``job_id`` could not be recorded nor given an outcome
-        (``runtime/poison.py``): left to the server's timeout, never to be settled by this run."""
-
-    def progress(self, delivery: Delivery, value: Any) -> None:
-        """The handler reported ``value`` through ``job.progress`` (on the handler's thread:
-        keep it, format it later)."""
-
-    def pull_begins(self) -> bool:
-        """A pull is about to be sent; ``False``: the run is ending, send none. Paired with
-        :meth:`pull_ended`, so a run that ends when idle never ends with a pull in flight."""
-
-    def pull_ended(self, deliveries: int) -> None:
-        """The pull begun is over and brought ``deliveries`` (counted as work at once, before
-        they are recorded and dispatched, so no idle edge falls between)."""
 
 
 @dataclass

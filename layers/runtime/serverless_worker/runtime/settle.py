@@ -26,7 +26,7 @@ from .protocol_client import ProtocolCaller
 
 if TYPE_CHECKING:
     from ..state.base import StateStore
-    from .services import DeliveryWatcher
+    from .watcher import DeliveryWatcher
 
 __all__ = ["Counting", "Settlement", "Settler", "settle", "hand_back", "discard", "report", "acknowledge",
            "handback_epoch", "note_failure", "retry_delay", "count_settled", "HANDBACK_PREFIX", "SETTLE_ATTEMPTS_MAX"]
